@@ -1,0 +1,168 @@
+"""The reference decode loop: speculative (any drafter) or plain autoregressive, batch > 1, ragged acceptance.
+
+One round: the drafter proposes n tokens after each request's anchor (its last emitted token); the target
+scores [anchor, drafts] in one pass; `verify` picks the accepted prefix and the next token; accepted slots
+stay valid in both caches, rejected ones become masked holes, and the unused tail is cropped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from .drafter import Drafter
+from .noise import VerifyNoise
+from .proposer import DraftProposer, TorchProposer
+from .sampling import SamplingBatch, SamplingParams
+from .spec import SpecError
+from .target import TargetModel
+from .verify import verify
+
+
+class GenerationConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = Field(64, ge=1, description="Tokens to generate per request, at most.")
+    num_draft_tokens: int = Field(7, ge=1, description="Draft tokens per round (block_size - 1 at most).")
+    stop_token_ids: tuple[int, ...] = Field((), description="Generation ends after emitting any of these.")
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    seed: int = Field(0, ge=0, lt=2**64, description="Keys the counter-based noise with each request id.")
+
+
+@dataclass
+class DecodeStats:
+    rounds: int = 0  # target verification passes (excluding prefill)
+    drafter_passes: int = 0
+    emitted_per_round: list[int] = field(default_factory=list)  # accepted + 1, per active request per round
+    seconds: float = 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        """tau: mean tokens emitted per verification round and request."""
+        return sum(self.emitted_per_round) / max(len(self.emitted_per_round), 1)
+
+
+@dataclass
+class GenerationOutput:
+    tokens: list[list[int]]
+    stats: DecodeStats
+
+
+@dataclass
+class _SlotLayout:
+    """Which cache slots hold real tokens, and their sequence positions; shared by target and drafter caches."""
+
+    valid: torch.Tensor  # [B, S] bool
+    positions: torch.Tensor  # [B, S] int64
+
+    def append(self, valid: torch.Tensor, positions: torch.Tensor) -> None:
+        self.valid = torch.cat((self.valid, valid), dim=1)
+        self.positions = torch.cat((self.positions, positions), dim=1)
+
+    def live_length(self) -> int:
+        """Slots up to the last valid one in any row; everything after is dead in every row."""
+        slots = torch.arange(1, self.valid.shape[1] + 1, device=self.valid.device)
+        return int((slots * self.valid).max())
+
+    def crop(self, length: int) -> None:
+        self.valid, self.positions = self.valid[:, :length], self.positions[:, :length]
+
+
+class SpeculativeDecoder:
+    """Reference loop; with no drafter it decodes autoregressively through the same verify step."""
+
+    def __init__(self, target: TargetModel, drafter: Drafter | DraftProposer | None = None) -> None:
+        self.target = target
+        self.proposer: DraftProposer | None = TorchProposer(drafter) if isinstance(drafter, Drafter) else drafter
+        if self.proposer is not None:
+            target.check_drafter(self.proposer.config)
+        self.layer_ids = self.proposer.config.target_layer_ids if self.proposer is not None else None
+
+    def _check_prompts(self, prompts: list[list[int]]) -> None:
+        if not prompts:
+            raise SpecError("prompts is empty: pass at least one prompt")
+        vocab = self.target.model.get_input_embeddings().weight.shape[0]
+        for index, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise SpecError(f"prompts[{index}] is empty: every prompt needs at least one token (e.g. BOS)")
+            if min(prompt) < 0 or max(prompt) >= vocab:
+                raise SpecError(f"prompts[{index}] has token ids outside [0, {vocab}); tokenize with the target's tokenizer")
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], config: GenerationConfig) -> GenerationOutput:
+        self._check_prompts(prompts)
+        proposer = self.proposer
+        num_drafts = config.num_draft_tokens if proposer is not None else 0
+        if proposer is not None:
+            proposer.config.check_num_draft_tokens(num_drafts)
+        device, batch = self.target.device, len(prompts)
+        stats, start = DecodeStats(), time.perf_counter()
+        sampling = SamplingBatch.from_params([config.sampling] * batch, device)
+        request_ids = torch.arange(batch, device=device)
+
+        lengths = torch.tensor([len(p) for p in prompts], device=device)
+        width = int(lengths.max())
+        input_ids = torch.zeros(batch, width, dtype=torch.int64, device=device)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, : len(prompt)] = torch.tensor(prompt, device=device)
+        slots = torch.arange(width, device=device).expand(batch, -1)
+        layout = _SlotLayout(valid=slots < lengths[:, None], positions=slots.clone())
+        cache = self.target.new_cache()
+        logits, features = self.target.forward(input_ids, slots, layout.valid, cache, self.layer_ids)
+        context = proposer.begin(features, slots) if proposer is not None else None
+        last = logits[torch.arange(batch), lengths - 1][:, None]
+        noise = VerifyNoise.for_chain(config.seed, request_ids, lengths, 0, last.shape[-1])
+        empty = torch.zeros(batch, 0, dtype=torch.int64, device=device)
+        anchor = verify(last, empty, sampling, noise).next_token
+        anchor_pos = lengths.clone()  # sequence position of each request's anchor
+        outputs = [[int(t)] for t in anchor]
+        active = torch.tensor([not self._finish(out, config) for out in outputs], device=device)
+
+        while bool(active.any()):
+            drafts = empty
+            if proposer is not None:
+                drafts = proposer.propose(context, layout.valid, anchor, anchor_pos, num_drafts)
+                stats.drafter_passes += proposer.passes_per_round(num_drafts)
+            chain = torch.cat((anchor[:, None], drafts), dim=1)  # [B, n+1]
+            chain_pos = anchor_pos[:, None] + torch.arange(num_drafts + 1, device=device)
+            mask = torch.cat((layout.valid, torch.ones_like(chain, dtype=torch.bool)), dim=1)
+            logits, features = self.target.forward(chain, chain_pos, mask, cache, self.layer_ids)
+            stats.rounds += 1
+            noise = VerifyNoise.for_chain(config.seed, request_ids, anchor_pos + 1, num_drafts, logits.shape[-1])
+            result = verify(logits, drafts, sampling, noise)
+
+            kept = torch.arange(num_drafts + 1, device=device) <= result.accepted_len[:, None]
+            layout.append(kept & active[:, None], chain_pos)
+            if proposer is not None:
+                context = proposer.extend(context, features, chain_pos)
+            for row in active.nonzero()[:, 0].tolist():
+                accepted = int(result.accepted_len[row])
+                stats.emitted_per_round.append(accepted + 1)
+                outputs[row].extend(result.output_tokens[row, : accepted + 1].tolist())
+                active[row] = not self._finish(outputs[row], config)
+            anchor, anchor_pos = result.next_token, anchor_pos + result.accepted_len + 1
+
+            live = layout.live_length()
+            if live < layout.valid.shape[1]:
+                cache.crop(live - layout.valid.shape[1])  # negative = drop that many from the end (all HF versions)
+            layout.crop(live)
+            if proposer is not None:
+                context = proposer.crop(context, live)
+
+        stats.seconds = time.perf_counter() - start
+        return GenerationOutput(tokens=outputs, stats=stats)
+
+    @staticmethod
+    def _finish(tokens: list[int], config: GenerationConfig) -> bool:
+        """Truncate `tokens` in place at the first stop token or max_new_tokens; True when done."""
+        for index, token in enumerate(tokens):
+            if token in config.stop_token_ids:
+                del tokens[index + 1 :]
+                return True
+        if len(tokens) >= config.max_new_tokens:
+            del tokens[config.max_new_tokens :]
+            return True
+        return False

@@ -1,0 +1,139 @@
+"""The drafter: fused target features injected as KV into every layer; one code path for every variant.
+
+Shapes: B requests, A blocks per request (A = 1 at inference, many anchors in training), k slots per block,
+T context positions, H hidden, V vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .checkpoint import load_drafter_files, save_drafter
+from .drafter_layers import DrafterLayer, rotary_cos_sin
+from .spec import DrafterConfig, SpecError
+from .variants import behaviour_of
+
+ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v), each [B, kv_heads, T, head_dim]
+
+
+@dataclass
+class SharedTargetModules:
+    """The target's frozen embedding and LM head, which the drafter uses but does not own or save."""
+
+    embed_tokens: nn.Module  # ids [...] -> [..., H]
+    lm_head: nn.Module  # [..., H] -> logits [..., V]
+
+
+class Drafter(nn.Module):
+    def __init__(self, config: DrafterConfig, shared: SharedTargetModules | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.behaviour = behaviour_of(config.kind)
+        self.fc = nn.Linear(config.feature_size, config.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DrafterLayer(config, shift_mix=self.behaviour.shift_mix) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.shared = shared
+
+    # -- context ---------------------------------------------------------------------------------
+    def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> ContextKV:
+        """features [B, T, len(ids)*H_target] at `positions` [B, T] -> per-layer injected (k, v)."""
+        if features.shape[-1] != self.config.feature_size:
+            raise SpecError(
+                f"target features have width {features.shape[-1]}, drafter expects feature_size="
+                f"{self.config.feature_size} (= {len(self.config.target_layer_ids)} layers x "
+                f"{self.config.target.hidden_size}); check target_layer_ids and the target's hidden_size"
+            )
+        fused = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        cos, sin = rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, fused.dtype)
+        return [layer.self_attn.project_kv(fused, cos, sin) for layer in self.layers]
+
+    # -- blocks ----------------------------------------------------------------------------------
+    def block_logits(
+        self,
+        block_ids: torch.Tensor,  # [B, A, k]
+        block_positions: torch.Tensor,  # [B, A, k]
+        context: ContextKV,
+        context_mask: torch.Tensor,  # [B, A*k, T] bool: which context slots each block slot may see
+    ) -> torch.Tensor:  # [B, A, k, V]
+        if self.shared is None:
+            raise SpecError("drafter is not bound to a target; load it with load_drafter(..., target=...)")
+        b, a, k = block_ids.shape
+        h = self.shared.embed_tokens(block_ids).to(self.fc.weight.dtype)
+        cos, sin = rotary_cos_sin(block_positions.reshape(b, a * k), self.config.head_dim, self.config.rope_theta, h.dtype)
+        within = torch.ones(k, k, dtype=torch.bool, device=h.device)
+        if self.behaviour.block_causal:
+            within = within.tril()
+        block_mask = torch.block_diag(*([within] * a)) if a > 1 else within  # [A*k, A*k]
+        mask = torch.cat((context_mask, block_mask.expand(b, -1, -1)), dim=-1)[:, None]
+        for layer, (context_k, context_v) in zip(self.layers, context):
+            h = layer(h, cos, sin, context_k, context_v, mask)
+        return self.shared.lm_head(self.norm(h))
+
+    def prediction_slot(self, offset: int) -> int:
+        """Block slot whose logits predict the token `offset` (>= 1) places after the anchor."""
+        return offset - 1 if self.behaviour.autoregressive else offset
+
+    @torch.no_grad()
+    def propose(
+        self,
+        anchor_tokens: torch.Tensor,  # [B]: last verified token, at position anchor_positions
+        anchor_positions: torch.Tensor,  # [B]
+        context: ContextKV,
+        context_valid: torch.Tensor,  # [B, T] bool
+        num_drafts: int,
+    ) -> torch.Tensor:  # draft_tokens [B, num_drafts], greedy
+        self.config.check_num_draft_tokens(num_drafts)
+        if self.behaviour.autoregressive:
+            return self._propose_autoregressive(anchor_tokens, anchor_positions, context, context_valid, num_drafts)
+        k = self.config.block_size  # always the full trained block: parallel slots see each other
+        block = torch.full((anchor_tokens.shape[0], 1, k), self.config.mask_token_id, device=anchor_tokens.device)
+        block[:, 0, 0] = anchor_tokens
+        logits = self._single_block(block, anchor_positions, context, context_valid)
+        return logits[:, 0, 1 : num_drafts + 1].argmax(dim=-1)
+
+    def _propose_autoregressive(self, anchor_tokens, anchor_positions, context, context_valid, num_drafts):
+        tokens = anchor_tokens[:, None, None]  # [B, 1, t]
+        for _ in range(num_drafts):
+            logits = self._single_block(tokens, anchor_positions, context, context_valid)
+            tokens = torch.cat((tokens, logits[:, :, -1:].argmax(dim=-1)), dim=-1)
+        return tokens[:, 0, 1:]
+
+    def _single_block(self, block_ids, anchor_positions, context, context_valid):
+        k = block_ids.shape[-1]
+        positions = anchor_positions[:, None, None] + torch.arange(k, device=block_ids.device)
+        context_mask = context_valid[:, None, :].expand(-1, k, -1)
+        return self.block_logits(block_ids, positions, context, context_mask)
+
+    # -- persistence -----------------------------------------------------------------------------
+    def save(self, out_dir: Path) -> Path:
+        return save_drafter(out_dir, self.config, self.state_dict())
+
+
+def load_drafter(ckpt_dir: Path, shared: SharedTargetModules | None = None, dtype=torch.float32) -> Drafter:
+    """Build a drafter from a checkpoint; missing or unexpected weights fail here, naming them."""
+    config, weights = load_drafter_files(ckpt_dir)
+    drafter = Drafter(config, shared)
+    expected = drafter.state_dict()
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    if missing or unexpected:
+        raise SpecError(
+            f"{ckpt_dir}: weights do not match config (variant={config.kind}, "
+            f"num_hidden_layers={config.num_hidden_layers}): missing {missing[:6]}, unexpected {unexpected[:6]}; "
+            "fix config.json or re-export the checkpoint"
+        )
+    for name, tensor in weights.items():
+        if tensor.shape != expected[name].shape:
+            raise SpecError(
+                f"{ckpt_dir}: weight {name} has shape {tuple(tensor.shape)}, config implies "
+                f"{tuple(expected[name].shape)}; the config and weights come from different drafters"
+            )
+    drafter.load_state_dict(weights)
+    return drafter.to(dtype).eval()

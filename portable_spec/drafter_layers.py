@@ -1,0 +1,102 @@
+"""Drafter building blocks (Qwen3-style): rotary embedding, KV-injected attention, SwiGLU MLP, decoder layer."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .spec import DrafterConfig
+
+
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin tables for `positions` [B, T] -> each [B, 1, T, head_dim] (HF default rope layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, head_dim/2]
+    angles = torch.cat((angles, angles), dim=-1)[:, None]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class DrafterAttention(nn.Module):
+    """Queries from the block; keys/values from [injected context; block]."""
+
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_attention_heads, config.num_key_value_heads, d
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=False)
+        self.q_norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(d, eps=config.rms_norm_eps)
+
+    def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B, T, H] -> (k, v) each [B, kv_heads, T, head_dim], k rotated."""
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rotary(k, cos, sin), v
+
+    def forward(self, x, cos, sin, context_k, context_v, mask):
+        """x [B, Q, H]; context_k/v [B, kv, T, d]; mask [B, 1, Q, T+Q] bool (True = may attend)."""
+        b, q_len, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
+        q = apply_rotary(q, cos, sin)
+        block_k, block_v = self.project_kv(x, cos, sin)
+        k = torch.cat((context_k, block_k), dim=2)
+        v = torch.cat((context_v, block_v), dim=2)
+        groups = self.num_heads // self.num_kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ShiftMix(nn.Module):
+    """h_j <- W [h_j ; h_{j-1}] along the block (slot 0 sees zeros); starts as the identity."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.cat((torch.eye(hidden_size), torch.zeros(hidden_size, hidden_size)), dim=1))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """h [B, A, k, H] (A blocks of k slots) -> same shape."""
+        previous = F.pad(h, (0, 0, 1, 0))[:, :, :-1]
+        return F.linear(torch.cat((h, previous), dim=-1), self.weight)
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, config: DrafterConfig, shift_mix: bool) -> None:
+        super().__init__()
+        self.shift_mix = ShiftMix(config.hidden_size) if shift_mix else None
+        self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = DrafterAttention(config)
+        self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = DrafterMLP(config)
+
+    def forward(self, h, cos, sin, context_k, context_v, mask):
+        """h [B, A, k, H] -> [B, A, k, H]; the A*k block slots are the queries."""
+        if self.shift_mix is not None:
+            h = self.shift_mix(h)
+        shape = h.shape
+        x = h.reshape(shape[0], -1, shape[-1])
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, context_k, context_v, mask)
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x.view(shape)

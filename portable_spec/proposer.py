@@ -1,0 +1,59 @@
+"""The seam between the decode loop and a drafter implementation (torch here; ONNX Runtime, engines elsewhere).
+
+A proposer keeps per-request drafter context in an opaque state whose slots mirror the target cache's slots
+(same order, same validity mask), so the loop can append, crop and mask both the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+
+from .drafter import Drafter
+from .spec import DrafterConfig
+
+
+class DraftProposer(Protocol):
+    config: DrafterConfig
+
+    def begin(self, features: torch.Tensor, positions: torch.Tensor) -> Any:
+        """Context state for prompt slots: features [B, S, F] at positions [B, S]."""
+
+    def extend(self, state: Any, features: torch.Tensor, positions: torch.Tensor) -> Any:
+        """Append n slots (features [B, n, F]) to the state."""
+
+    def crop(self, state: Any, length: int) -> Any:
+        """Keep the first `length` slots."""
+
+    def propose(
+        self, state: Any, valid: torch.Tensor, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor, num_drafts: int
+    ) -> torch.Tensor:
+        """Greedy draft tokens [B, num_drafts] after each anchor, seeing only slots where valid [B, S]."""
+
+    def passes_per_round(self, num_drafts: int) -> int:
+        """Drafter forward passes one round costs (for stats)."""
+
+
+class TorchProposer:
+    """The reference proposer: the torch drafter with its injected context KV cached per layer."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter = drafter
+        self.config = drafter.config
+
+    def begin(self, features, positions):
+        return self.drafter.context_kv(features, positions)
+
+    def extend(self, state, features, positions):
+        new = self.drafter.context_kv(features, positions)
+        return [(torch.cat((k, nk), dim=2), torch.cat((v, nv), dim=2)) for (k, v), (nk, nv) in zip(state, new)]
+
+    def crop(self, state, length):
+        return [(k[:, :, :length], v[:, :, :length]) for k, v in state]
+
+    def propose(self, state, valid, anchor_tokens, anchor_positions, num_drafts):
+        return self.drafter.propose(anchor_tokens, anchor_positions, state, valid, num_drafts)
+
+    def passes_per_round(self, num_drafts: int) -> int:
+        return num_drafts if self.drafter.behaviour.autoregressive else 1

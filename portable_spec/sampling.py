@@ -1,0 +1,65 @@
+"""Sampling parameters and the one function that turns target logits into the distribution p to match.
+
+Every backend calls `target_probs`; temperature 0 gives a one-hot argmax (first index on ties), which
+makes greedy decoding a special case of rejection sampling rather than a second code path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingParams(BaseModel):
+    """Per-request sampling settings, as a user gives them."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 = off.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Keep the smallest set with mass >= top_p; 1 = off.")
+
+
+@dataclass
+class SamplingBatch:
+    """Flat per-request tensors of sampling settings."""
+
+    temperature: torch.Tensor  # [B] float32
+    top_k: torch.Tensor  # [B] int64
+    top_p: torch.Tensor  # [B] float32
+
+    @classmethod
+    def from_params(cls, params: list[SamplingParams], device: torch.device | str = "cpu") -> "SamplingBatch":
+        return cls(
+            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+            top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+        )
+
+
+def target_probs(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tensor:
+    """logits [B, n, V] -> probabilities [B, n, V] (float32) after temperature, top-k and top-p."""
+    logits = logits.to(torch.float32)
+    if torch.isnan(logits).any():
+        bad = torch.isnan(logits).any(dim=-1).nonzero()[0].tolist()
+        raise ValueError(
+            f"target logits contain NaN (request {bad[0]}, chain slot {bad[1]}); the target model diverged: "
+            "check its dtype/weights, speculative decoding cannot verify against NaN"
+        )
+    vocab = logits.shape[-1]
+    greedy = sampling.temperature == 0
+    one_hot = torch.nn.functional.one_hot(logits.argmax(dim=-1), vocab).to(torch.float32)
+    temperature = torch.where(greedy, 1.0, sampling.temperature)[:, None, None]
+    sorted_logits, order = torch.sort(logits / temperature, dim=-1, descending=True, stable=True)
+    rank = torch.arange(vocab, device=logits.device)
+    top_k = torch.where(sampling.top_k > 0, sampling.top_k, vocab)[:, None, None]
+    sorted_logits = sorted_logits.masked_fill(rank >= top_k, float("-inf"))
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep = (mass_before < sampling.top_p[:, None, None]) | (rank == 0)
+    sorted_probs = sorted_probs * keep
+    sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
+    probs = torch.empty_like(sorted_probs).scatter_(-1, order, sorted_probs)
+    return torch.where(greedy[:, None, None], one_hot, probs)

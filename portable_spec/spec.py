@@ -1,0 +1,181 @@
+"""The portable drafter checkpoint format: `config.json` validated by these pydantic models.
+
+Every backend reads this one file; nothing engine-specific is stored in it. Layer-id convention:
+`target_layer_ids` holds i such that the feature is the OUTPUT of target decoder layer i, which is
+HF `output_hidden_states[i + 1]` and the state ENTERING layer i + 1 (what vLLM/SGLang capture).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+FORMAT_VERSION = 1
+MAX_BLOCK_SIZE = 64
+
+
+class SpecError(ValueError):
+    """A drafter config or checkpoint that cannot be used; the message names the field and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ParallelVariant(_Strict):
+    """DFlash-style: one pass over [anchor, MASK...]; block slots attend to each other bidirectionally."""
+
+    kind: Literal["parallel"] = "parallel"
+
+
+class DepthCausalVariant(_Strict):
+    """Ours: one pass, causal block attention, and before every layer slot j mixes in slot j-1's state."""
+
+    kind: Literal["depth_causal"] = "depth_causal"
+    shift_mix_layers: Literal["all"] = Field(
+        "all", description="Layers that apply the shift-mix h_j <- W[h_j; h_{j-1}]; 'all' is the only option."
+    )
+
+
+class AutoregressiveVariant(_Strict):
+    """EAGLE-style baseline: one drafter pass per draft token, fed its own previous drafts."""
+
+    kind: Literal["autoregressive"] = "autoregressive"
+
+
+Variant = Annotated[
+    Union[ParallelVariant, DepthCausalVariant, AutoregressiveVariant], Field(discriminator="kind")
+]
+VARIANT_KINDS = ("parallel", "depth_causal", "autoregressive")
+
+
+class TargetBinding(_Strict):
+    """Which target the drafter was trained for; checked against the served target at load time."""
+
+    model_id: str = Field(description="Name or path of the target the drafter was distilled from.")
+    architecture: str = Field(description="HF architecture class of the target, e.g. Qwen3ForCausalLM.")
+    hidden_size: int = Field(gt=0, description="Target hidden size; features are len(target_layer_ids) * this.")
+    num_hidden_layers: int = Field(gt=0, description="Target decoder layer count.")
+    vocab_size: int = Field(gt=0, description="Target vocabulary size (embedding rows).")
+    fingerprint: str = Field(
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="sha256 of the target's embedding and LM head rounded to bf16 (see binding.py).",
+    )
+
+
+class DrafterConfig(_Strict):
+    """Everything needed to rebuild the drafter; `model.safetensors` holds only drafter-owned weights."""
+
+    format_version: Literal[1] = Field(FORMAT_VERSION, description="Checkpoint format version.")
+    variant: Variant = Field(description="Drafter kind: parallel | depth_causal | autoregressive.")
+    block_size: int = Field(
+        ge=2, le=MAX_BLOCK_SIZE, description="Slots per block: the anchor plus block_size-1 draft tokens."
+    )
+    num_hidden_layers: int = Field(ge=1, le=64, description="Drafter decoder layers.")
+    hidden_size: int = Field(gt=0, description="Drafter width; equals the target's (embedding is shared).")
+    num_attention_heads: int = Field(gt=0, description="Query heads.")
+    num_key_value_heads: int = Field(gt=0, description="KV heads; must divide num_attention_heads.")
+    head_dim: int = Field(gt=0, description="Per-head width; even, for rotary embedding.")
+    intermediate_size: int = Field(gt=0, description="SwiGLU MLP width.")
+    rms_norm_eps: float = Field(1e-6, gt=0, description="RMSNorm epsilon.")
+    rope_theta: float = Field(10000.0, gt=0, description="Rotary base.")
+    vocab_size: int = Field(gt=0, description="Vocabulary size; must equal the target's.")
+    mask_token_id: int = Field(ge=0, description="Token id filling the draft slots of a block.")
+    target_layer_ids: list[int] = Field(
+        min_length=1, description="Target layers whose OUTPUT is fused (HF output_hidden_states[i + 1])."
+    )
+    target: TargetBinding = Field(description="The target this drafter was trained for.")
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> "DrafterConfig":
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}; pick a divisor"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embedding")
+        if self.mask_token_id >= self.vocab_size:
+            raise ValueError(
+                f"mask_token_id={self.mask_token_id} is outside the vocabulary (vocab_size={self.vocab_size}); "
+                "use a reserved special token of the target tokenizer"
+            )
+        if self.vocab_size != self.target.vocab_size:
+            raise ValueError(
+                f"vocab_size={self.vocab_size} differs from target.vocab_size={self.target.vocab_size}; "
+                "the drafter shares the target's embedding, so they must be equal"
+            )
+        if self.hidden_size != self.target.hidden_size:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} differs from target.hidden_size={self.target.hidden_size}; "
+                "the drafter shares the target's embedding, so they must be equal"
+            )
+        ids = self.target_layer_ids
+        if sorted(set(ids)) != ids:
+            raise ValueError(f"target_layer_ids={ids} must be strictly increasing with no repeats")
+        last_usable = self.target.num_hidden_layers - 2
+        if ids[0] < 0 or ids[-1] > last_usable:
+            raise ValueError(
+                f"target_layer_ids={ids} must lie in [0, {last_usable}] "
+                f"(target.num_hidden_layers={self.target.num_hidden_layers}); the last layer is excluded "
+                "because HF reports it after the final norm and engines capture states entering a layer"
+            )
+        return self
+
+    @property
+    def kind(self) -> str:
+        return self.variant.kind
+
+    @property
+    def feature_size(self) -> int:
+        """Width of the concatenated target features the drafter's `fc` consumes."""
+        return len(self.target_layer_ids) * self.target.hidden_size
+
+    def check_num_draft_tokens(self, num_draft_tokens: int) -> None:
+        """A block of size k proposes at most k-1 tokens; more would run the drafter off its training."""
+        if not 1 <= num_draft_tokens <= self.block_size - 1:
+            raise SpecError(
+                f"num_draft_tokens={num_draft_tokens} does not fit block_size={self.block_size}: "
+                f"use 1..{self.block_size - 1}, or train a drafter with a larger block_size"
+            )
+
+
+def _format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid drafter config"]
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(root)"
+        value = item.get("input")
+        shown = "" if isinstance(value, dict) else f" = {value!r}"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = f"unknown field; valid fields: {', '.join(DrafterConfig.model_fields)}"
+        elif item["type"] == "union_tag_invalid":
+            message = f"unknown variant; valid options: {', '.join(VARIANT_KINDS)}"
+        lines.append(f"  {field}{shown}: {message}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict, source: str = "config") -> DrafterConfig:
+    """Validate a config dict; raise SpecError listing every bad field with its fix."""
+    try:
+        return DrafterConfig.model_validate(data)
+    except ValidationError as error:
+        raise SpecError(_format_validation_error(error, source)) from None
+
+
+def read_config(path: Path) -> DrafterConfig:
+    """Read and validate `config.json` from a checkpoint directory (or a direct file path)."""
+    path = Path(path)
+    file = path / "config.json" if path.is_dir() else path
+    if not file.exists():
+        raise SpecError(f"{file}: not found; a drafter checkpoint is a directory with config.json + model.safetensors")
+    try:
+        data = json.loads(file.read_text())
+    except json.JSONDecodeError as error:
+        raise SpecError(f"{file}: not valid JSON ({error}); rewrite it with `portable-spec` tools") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{file}: top level must be a JSON object, got {type(data).__name__}")
+    return parse_config(data, str(file))

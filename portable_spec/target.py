@@ -1,0 +1,98 @@
+"""The target model: any HF transformers causal LM, run with a KV cache over a slot layout with holes.
+
+Rejected draft slots stay in the cache but are masked out (the 2-D attention mask), and the tail that no
+request still uses is cropped, so batch rows with different acceptance lengths share one cache.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import cached_property
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+from .binding import check_target_matches, target_fingerprint
+from .drafter import Drafter, SharedTargetModules, load_drafter
+from .spec import DrafterConfig, SpecError
+
+
+class TargetModel:
+    """A causal LM plus what the drafter needs from it: features at chosen layers, embedding, LM head."""
+
+    def __init__(self, model: PreTrainedModel, model_id: str) -> None:
+        self.model = model.eval()
+        self.model_id = model_id
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "TargetModel":
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+        return cls(model, str(path))
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @cached_property
+    def fingerprint(self) -> str:
+        return target_fingerprint(
+            self.model.get_input_embeddings().weight, self.model.get_output_embeddings().weight
+        )
+
+    def shared_modules(self) -> SharedTargetModules:
+        return SharedTargetModules(self.model.get_input_embeddings(), self.model.get_output_embeddings())
+
+    def check_drafter(self, config: DrafterConfig) -> None:
+        check_target_matches(
+            config,
+            hidden_size=self.config.hidden_size,
+            num_hidden_layers=self.config.num_hidden_layers,
+            vocab_size=self.model.get_input_embeddings().weight.shape[0],
+            fingerprint=self.fingerprint,
+            served_as=f"target {self.model_id!r}",
+        )
+
+    def load_drafter(self, ckpt_dir: str | Path) -> Drafter:
+        """Load a drafter for this target; refused (at load, not mid-generation) if it was trained for another."""
+        drafter = load_drafter(Path(ckpt_dir), self.shared_modules(), dtype=self.model.dtype)
+        self.check_drafter(drafter.config)
+        return drafter
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache(config=self.config)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, n]
+        positions: torch.Tensor,  # [B, n]
+        attention_mask: torch.Tensor,  # [B, cached + n] bool: which slots are real
+        cache: DynamicCache,
+        layer_ids: list[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [B, n, V] and, if layer_ids, features [B, n, len(layer_ids) * H] (outputs of those layers)."""
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=attention_mask.to(torch.long),
+            use_cache=True,
+            output_hidden_states=layer_ids is not None,
+            **{self._cache_kwarg: cache},
+        )
+        features = None
+        if layer_ids is not None:
+            hidden = out.hidden_states
+            if max(layer_ids) + 2 >= len(hidden):
+                raise SpecError(
+                    f"target_layer_ids={layer_ids} reach past the target's {len(hidden) - 1} layers; "
+                    "use ids <= num_hidden_layers - 2 (the last hidden state is post-norm)"
+                )
+            features = torch.cat([hidden[i + 1] for i in layer_ids], dim=-1)
+        return out.logits, features

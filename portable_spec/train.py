@@ -1,0 +1,162 @@
+"""Drafter distillation: random anchors per sequence, block slot predicting token anchor+i, loss weight
+exp(-(i-1)/gamma). The target is frozen; its features come from the layers the drafter config names.
+Training state (drafter + optimizer + step) is saved atomically, as safetensors + JSON, and resumes exactly:
+each step's batch is drawn from a generator seeded by (seed, step).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from .checkpoint import write_dir_atomically
+from .data import sample_windows
+from .drafter import Drafter, load_drafter
+from .spec import DrafterConfig, parse_config
+from .target import TargetModel
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: int = Field(400, ge=1, description="Optimizer steps.")
+    batch_size: int = Field(8, ge=1, description="Sequences per step.")
+    seq_len: int = Field(256, ge=8, description="Tokens per sequence.")
+    anchors_per_seq: int = Field(16, ge=1, description="Blocks drafted per sequence per step.")
+    lr: float = Field(2e-3, gt=0, description="Peak learning rate (linear warmup, cosine decay).")
+    warmup_steps: int = Field(20, ge=0)
+    loss_gamma: float = Field(7.0, gt=0, description="Slot i's loss weight is exp(-(i-1)/gamma).")
+    seed: int = Field(0, ge=0)
+    save_every: int = Field(100, ge=1, description="Steps between resumable training-state saves.")
+
+
+def drafter_config_for(
+    target: TargetModel, *, kind: str, block_size: int, num_hidden_layers: int, target_layer_ids: list[int],
+    mask_token_id: int, intermediate_size: int | None = None,
+) -> DrafterConfig:
+    """A drafter config shaped like the target's layers (same width, heads, rope), bound to the target."""
+    t = target.config
+    return parse_config({
+        "variant": {"kind": kind},
+        "block_size": block_size,
+        "num_hidden_layers": num_hidden_layers,
+        "hidden_size": t.hidden_size,
+        "num_attention_heads": t.num_attention_heads,
+        "num_key_value_heads": t.num_key_value_heads,
+        "head_dim": getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
+        "intermediate_size": intermediate_size or t.intermediate_size,
+        "rms_norm_eps": t.rms_norm_eps,
+        "rope_theta": float(getattr(t, "rope_theta", None) or t.rope_parameters["rope_theta"]),
+        "vocab_size": target.model.get_input_embeddings().weight.shape[0],
+        "mask_token_id": mask_token_id,
+        "target_layer_ids": target_layer_ids,
+        "target": {
+            "model_id": target.model_id, "architecture": type(target.model).__name__,
+            "hidden_size": t.hidden_size, "num_hidden_layers": t.num_hidden_layers,
+            "vocab_size": target.model.get_input_embeddings().weight.shape[0], "fingerprint": target.fingerprint,
+        },
+    })
+
+
+def drafter_loss(drafter: Drafter, target: TargetModel, tokens: torch.Tensor, anchors: torch.Tensor, gamma: float):
+    """tokens [B, T], anchors [B, A] (each <= T - block_size) -> weighted cross-entropy over draft offsets."""
+    config, (batch, seq_len) = drafter.config, tokens.shape
+    k, num_anchors = config.block_size, anchors.shape[1]
+    positions = torch.arange(seq_len, device=tokens.device).expand(batch, -1)
+    with torch.no_grad():
+        _, features = target.forward(tokens, positions, torch.ones_like(tokens, dtype=torch.bool),
+                                     target.new_cache(), config.target_layer_ids)
+    block_positions = anchors[:, :, None] + torch.arange(k, device=tokens.device)  # [B, A, k]
+    true_tokens = tokens.gather(1, block_positions.reshape(batch, -1)).view(batch, num_anchors, k)
+    if drafter.behaviour.autoregressive:
+        block_ids = true_tokens
+    else:
+        block_ids = torch.full_like(true_tokens, config.mask_token_id)
+        block_ids[..., 0] = true_tokens[..., 0]
+    context_mask = (positions[:, None, :] < anchors[:, :, None]).repeat_interleave(k, dim=1)  # [B, A*k, T]
+    context = drafter.context_kv(features, positions)
+    logits = drafter.block_logits(block_ids, block_positions, context, context_mask)
+    slots = [drafter.prediction_slot(offset) for offset in range(1, k)]
+    predicted = logits[:, :, slots]  # [B, A, k-1, V]
+    losses = F.cross_entropy(predicted.flatten(0, 2), true_tokens[..., 1:].flatten(), reduction="none")
+    weights = torch.exp(-torch.arange(k - 1, dtype=torch.float32, device=tokens.device) / gamma)
+    return (losses.view(batch, num_anchors, k - 1) * weights).sum() / (weights.sum() * batch * num_anchors)
+
+
+def _lr_at(step: int, config: TrainConfig) -> float:
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(config.steps - config.warmup_steps, 1)
+    return config.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def _save_state(state_dir: Path, drafter: Drafter, optimizer: torch.optim.Optimizer, step: int) -> None:
+    state = optimizer.state_dict()
+    tensors = {f"state.{i}.{name}": value for i, entry in state["state"].items() for name, value in entry.items()}
+
+    def write(tmp: Path) -> None:
+        drafter.save(tmp / "drafter")
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "param_groups": state["param_groups"]}))
+
+    write_dir_atomically(state_dir, write)
+
+
+def _load_state(state_dir: Path, target: TargetModel, optimizer_for) -> tuple[Drafter, torch.optim.Optimizer, int]:
+    drafter = load_drafter(state_dir / "drafter", target.shared_modules())
+    optimizer = optimizer_for(drafter)
+    meta = json.loads((state_dir / "trainer_state.json").read_text())
+    state: dict = {}
+    for key, value in load_file(str(state_dir / "optimizer.safetensors")).items():
+        _, index, name = key.split(".", 2)
+        state.setdefault(int(index), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+    return drafter, optimizer, meta["step"]
+
+
+def train_drafter(
+    target: TargetModel, drafter_config: DrafterConfig, stream: torch.Tensor, config: TrainConfig,
+    out_dir: Path, state_dir: Path | None = None, progress: bool = True,
+) -> Drafter:
+    """Train, saving resumable state to state_dir every save_every steps; resumes from it if present."""
+    target.check_drafter(drafter_config)
+    for param in target.model.parameters():
+        param.requires_grad_(False)
+
+    def optimizer_for(drafter: Drafter) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=0.0)
+
+    if state_dir is not None and (Path(state_dir) / "trainer_state.json").exists():
+        drafter, optimizer, start = _load_state(Path(state_dir), target, optimizer_for)
+    else:
+        torch.manual_seed(config.seed)
+        drafter, start = Drafter(drafter_config, target.shared_modules()), 0
+        optimizer = optimizer_for(drafter)
+    drafter.train()
+    k = drafter_config.block_size
+    bar = tqdm(range(start, config.steps), initial=start, total=config.steps, disable=not progress, desc=drafter_config.kind)
+    for step in bar:
+        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+        tokens = sample_windows(stream, config.seq_len, config.batch_size, generator)
+        scores = torch.rand(config.batch_size, config.seq_len - k, generator=generator)
+        anchors = 1 + scores.argsort(dim=1)[:, : config.anchors_per_seq]  # distinct, in [1, T - k]
+        for group in optimizer.param_groups:
+            group["lr"] = _lr_at(step, config)
+        loss = drafter_loss(drafter, target, tokens, anchors, config.loss_gamma)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        optimizer.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if state_dir is not None and ((step + 1) % config.save_every == 0 or step + 1 == config.steps):
+            _save_state(Path(state_dir), drafter, optimizer, step + 1)
+    drafter.eval()
+    drafter.save(out_dir)
+    return drafter
