@@ -1,0 +1,99 @@
+"""The one backend registry, and the small interface a backend implements to join the conformance suite.
+
+Backends are named by import path and imported lazily, so importing the core never imports an engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+
+from .decode import GenerationConfig, SpeculativeDecoder
+from .noise import VerifyNoise
+from .sampling import SamplingBatch
+from .spec import SpecError
+from .target import TargetModel
+from .verify import VerifyResult, verify
+
+
+class Backend(ABC):
+    """A place the drafter + verifier run. Every method must agree with ReferenceBackend (exactly for tokens)."""
+
+    name: ClassVar[str]
+
+    def unavailable_reason(self) -> str | None:
+        """None when this backend can run here; otherwise why not (reported as skipped, never as passed)."""
+        return None
+
+    @abstractmethod
+    def block_logits(
+        self,
+        target_dir: Path,
+        drafter_dir: Path,
+        features: torch.Tensor,  # [B, T, F] target features at the drafter's layers
+        context_positions: torch.Tensor,  # [B, T]
+        context_valid: torch.Tensor,  # [B, T] bool
+        block_ids: torch.Tensor,  # [B, 1, k]
+        block_positions: torch.Tensor,  # [B, 1, k]
+    ) -> torch.Tensor:  # [B, 1, k, V] float32
+        """One drafter pass over one block per request."""
+
+    def verify(
+        self,
+        target_logits: torch.Tensor,
+        draft_tokens: torch.Tensor,
+        sampling: SamplingBatch,
+        noise: VerifyNoise,
+        draft_probs: torch.Tensor | None = None,
+        num_drafts: torch.Tensor | None = None,
+    ) -> VerifyResult:
+        """Default: the shared verifier. A backend with its own kernel overrides this."""
+        return verify(target_logits, draft_tokens, sampling, noise, draft_probs, num_drafts)
+
+    @abstractmethod
+    def generate(
+        self, target_dir: Path, drafter_dir: Path | None, prompts: list[list[int]], config: GenerationConfig
+    ) -> list[list[int]]:
+        """End-to-end decode; drafter_dir None = the backend's own non-speculative decoding."""
+
+
+class ReferenceBackend(Backend):
+    """The specification: the torch drafter, the shared verifier and the reference decode loop."""
+
+    name = "reference"
+
+    def block_logits(self, target_dir, drafter_dir, features, context_positions, context_valid, block_ids, block_positions):
+        target = TargetModel.load(target_dir)
+        drafter = target.load_drafter(drafter_dir)
+        context = drafter.context_kv(features, context_positions)
+        k = block_ids.shape[-1]
+        mask = context_valid[:, None, :].expand(-1, k, -1)
+        with torch.no_grad():
+            return drafter.block_logits(block_ids, block_positions, context, mask).float()
+
+    def generate(self, target_dir, drafter_dir, prompts, config):
+        target = TargetModel.load(target_dir)
+        drafter = target.load_drafter(drafter_dir) if drafter_dir is not None else None
+        return SpeculativeDecoder(target, drafter).generate(prompts, config).tokens
+
+
+# name -> "module:Class"; the one registry. Adapters add themselves here, nowhere else.
+BACKENDS: dict[str, str] = {
+    "reference": "portable_spec.backends:ReferenceBackend",
+}
+
+
+def backend_names() -> list[str]:
+    return list(BACKENDS)
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        module_name, class_name = BACKENDS[name].split(":")
+    except KeyError:
+        raise SpecError(f"backend {name!r} is unknown; valid options: {', '.join(BACKENDS)}") from None
+    return getattr(importlib.import_module(module_name), class_name)()
