@@ -15,7 +15,7 @@ import torch
 from .decode import GenerationConfig, SpeculativeDecoder
 from .noise import VerifyNoise
 from .sampling import SamplingBatch
-from .spec import SpecError
+from .spec import VARIANT_KINDS, SpecError
 from .target import TargetModel
 from .verify import VerifyResult, verify
 
@@ -24,6 +24,7 @@ class Backend(ABC):
     """A place the drafter + verifier run. Every method must agree with ReferenceBackend (exactly for tokens)."""
 
     name: ClassVar[str]
+    kinds_supported: ClassVar[tuple[str, ...]] = VARIANT_KINDS  # drafter kinds this backend can run
 
     def unavailable_reason(self) -> str | None:
         """None when this backend can run here; otherwise why not (reported as skipped, never as passed)."""
@@ -41,6 +42,19 @@ class Backend(ABC):
         block_positions: torch.Tensor,  # [B, 1, k]
     ) -> torch.Tensor:  # [B, 1, k, V] float32
         """One drafter pass over one block per request."""
+
+    def target_forward(
+        self,
+        target_dir: Path,
+        chain_ids: torch.Tensor,  # [B, n] token ids, scored from scratch (no cache)
+        positions: torch.Tensor,  # [B, n] sequence positions
+        layer_ids: list[int],  # target layers whose OUTPUT is captured (HF output_hidden_states[i + 1])
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [B, n, V] float32, features [B, n, len(layer_ids) * H]
+        """Target logits and drafter features for a chain. Optional: the suite reports a skip until implemented.
+
+        vLLM/SGLang capture the state ENTERING layer i + 1 for id i; this is where that shift is checked.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement target_forward")
 
     def verify(
         self,
@@ -75,6 +89,12 @@ class ReferenceBackend(Backend):
         with torch.no_grad():
             return drafter.block_logits(block_ids, block_positions, context, mask).float()
 
+    def target_forward(self, target_dir, chain_ids, positions, layer_ids):
+        target = TargetModel.load(target_dir)
+        valid = torch.ones_like(chain_ids, dtype=torch.bool)
+        logits, features = target.forward(chain_ids, positions, valid, target.new_cache(), list(layer_ids))
+        return logits.float(), features.float()
+
     def generate(self, target_dir, drafter_dir, prompts, config):
         target = TargetModel.load(target_dir)
         drafter = target.load_drafter(drafter_dir) if drafter_dir is not None else None
@@ -84,6 +104,7 @@ class ReferenceBackend(Backend):
 # name -> "module:Class"; the one registry. Adapters add themselves here, nowhere else.
 BACKENDS: dict[str, str] = {
     "reference": "portable_spec.backends:ReferenceBackend",
+    "onnx": "adapters.onnx:OnnxBackend",
 }
 
 

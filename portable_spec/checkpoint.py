@@ -42,7 +42,7 @@ def save_drafter(out_dir: Path, config: DrafterConfig, state_dict: dict[str, tor
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
 
     def write(tmp: Path) -> None:
-        (tmp / CONFIG_FILE).write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
+        (tmp / CONFIG_FILE).write_text(json.dumps(config.to_json_dict(), indent=2) + "\n")
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "portable_spec_format": "1"})
 
     return write_dir_atomically(Path(out_dir), write)

@@ -92,7 +92,11 @@ class SpeculativeDecoder:
                 raise SpecError(f"prompts[{index}] has token ids outside [0, {vocab}); tokenize with the target's tokenizer")
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], config: GenerationConfig) -> GenerationOutput:
+    def generate(
+        self, prompts: list[list[int]], config: GenerationConfig, request_ids: list[int] | None = None
+    ) -> GenerationOutput:
+        """request_ids key each request's noise (default 0..B-1): the same id, seed and prompt sample the same
+        tokens whatever batch they are in."""
         self._check_prompts(prompts)
         proposer = self.proposer
         num_drafts = config.num_draft_tokens if proposer is not None else 0
@@ -101,7 +105,9 @@ class SpeculativeDecoder:
         device, batch = self.target.device, len(prompts)
         stats, start = DecodeStats(), time.perf_counter()
         sampling = SamplingBatch.from_params([config.sampling] * batch, device)
-        request_ids = torch.arange(batch, device=device)
+        if request_ids is not None and len(request_ids) != batch:
+            raise SpecError(f"request_ids has {len(request_ids)} entries for {batch} prompts; give one per prompt")
+        request_ids = torch.tensor(request_ids if request_ids is not None else range(batch), device=device)
 
         lengths = torch.tensor([len(p) for p in prompts], device=device)
         width = int(lengths.max())

@@ -23,6 +23,34 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
+def injected_attention(
+    q: torch.Tensor,  # [B, H, Q, d], normed and rotated
+    context_k: torch.Tensor,  # [B, kv_heads, T, d]
+    context_v: torch.Tensor,  # [B, kv_heads, T, d]
+    block_k: torch.Tensor,  # [B, kv_heads, Q, d]
+    block_v: torch.Tensor,  # [B, kv_heads, Q, d]
+    mask: torch.Tensor,  # [B, 1, Q, T+Q] bool, True = may attend
+) -> torch.Tensor:  # [B, H, Q, d]
+    """Block queries attend to [injected context; block] keys/values (GQA: kv heads repeated).
+
+    The torch twin of kernels/attention_triton.py (with the mask from `block_attention_mask`).
+    """
+    k = torch.cat((context_k, block_k), dim=2)
+    v = torch.cat((context_v, block_v), dim=2)
+    groups = q.shape[1] // context_k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def block_attention_mask(context_valid: torch.Tensor, block_size: int, block_causal: bool) -> torch.Tensor:
+    """Mask for one block per request: context_valid [B, T] bool -> [B, 1, k, T+k] (causal or full in the block)."""
+    within = torch.ones(block_size, block_size, dtype=torch.bool, device=context_valid.device)
+    if block_causal:
+        within = within.tril()
+    context = context_valid[:, None, :].expand(-1, block_size, -1)
+    return torch.cat((context, within.expand(context_valid.shape[0], -1, -1)), dim=-1)[:, None]
+
+
 class DrafterAttention(nn.Module):
     """Queries from the block; keys/values from [injected context; block]."""
 
@@ -50,11 +78,7 @@ class DrafterAttention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
         q = apply_rotary(q, cos, sin)
         block_k, block_v = self.project_kv(x, cos, sin)
-        k = torch.cat((context_k, block_k), dim=2)
-        v = torch.cat((context_v, block_v), dim=2)
-        groups = self.num_heads // self.num_kv_heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out = injected_attention(q, context_k, context_v, block_k, block_v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 

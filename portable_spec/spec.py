@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -29,12 +29,14 @@ class ParallelVariant(_Strict):
     """DFlash-style: one pass over [anchor, MASK...]; block slots attend to each other bidirectionally."""
 
     kind: Literal["parallel"] = "parallel"
+    engine_architecture: ClassVar[str] = "DFlashDraftModel"  # native in vLLM, SGLang, TensorRT-LLM >= 1.3
 
 
 class DepthCausalVariant(_Strict):
     """Ours: one pass, causal block attention, and before every layer slot j mixes in slot j-1's state."""
 
     kind: Literal["depth_causal"] = "depth_causal"
+    engine_architecture: ClassVar[str] = "PortableSpecDepthCausalDraft"  # registered by our engine plugins
     shift_mix_layers: Literal["all"] = Field(
         "all", description="Layers that apply the shift-mix h_j <- W[h_j; h_{j-1}]; 'all' is the only option."
     )
@@ -44,6 +46,7 @@ class AutoregressiveVariant(_Strict):
     """EAGLE-style baseline: one drafter pass per draft token, fed its own previous drafts."""
 
     kind: Literal["autoregressive"] = "autoregressive"
+    engine_architecture: ClassVar[str] = "PortableSpecAutoregressiveDraft"  # reference/ONNX only
 
 
 Variant = Annotated[
@@ -134,6 +137,31 @@ class DrafterConfig(_Strict):
         """Width of the concatenated target features the drafter's `fc` consumes."""
         return len(self.target_layer_ids) * self.target.hidden_size
 
+    def engine_fields(self) -> dict[str, Any]:
+        """HF/DFlash-style keys written beside ours so vLLM, SGLang and TensorRT-LLM read the same config.json
+        (AutoConfig needs model_type; the engines' DFlash loaders read architectures and dflash_config)."""
+        return {
+            "architectures": [self.variant.engine_architecture],
+            "model_type": "qwen3",
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "tie_word_embeddings": False,
+            "max_position_embeddings": 32768,
+            "is_causal": self.kind != "parallel",
+            "layer_types": ["full_attention"] * self.num_hidden_layers,
+            "num_target_layers": self.target.num_hidden_layers,
+            "dflash_config": {
+                "block_size": self.block_size,
+                "target_layer_ids": list(self.target_layer_ids),
+                "mask_token_id": self.mask_token_id,
+                "num_target_layers": self.target.num_hidden_layers,
+            },
+        }
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """What config.json holds: our fields, then the derived engine keys."""
+        return {**self.model_dump(mode="json"), **self.engine_fields()}
+
     def check_num_draft_tokens(self, num_draft_tokens: int) -> None:
         """A block of size k proposes at most k-1 tokens; more would run the drafter off its training."""
         if not 1 <= num_draft_tokens <= self.block_size - 1:
@@ -158,12 +186,28 @@ def _format_validation_error(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+ENGINE_KEYS = ("architectures", "model_type", "hidden_act", "attention_bias", "tie_word_embeddings",
+               "max_position_embeddings", "is_causal", "layer_types", "num_target_layers", "dflash_config")
+
+
 def parse_config(data: dict, source: str = "config") -> DrafterConfig:
-    """Validate a config dict; raise SpecError listing every bad field with its fix."""
+    """Validate a config dict; raise SpecError listing every bad field with its fix.
+
+    Engine keys (ENGINE_KEYS) are derived, not free: if present they must agree with our fields."""
+    ours = {key: value for key, value in data.items() if key not in ENGINE_KEYS}
     try:
-        return DrafterConfig.model_validate(data)
+        config = DrafterConfig.model_validate(ours)
     except ValidationError as error:
         raise SpecError(_format_validation_error(error, source)) from None
+    derived = config.engine_fields()
+    for key in ENGINE_KEYS:
+        if key in data and data[key] != derived[key]:
+            raise SpecError(
+                f"{source}: {key} = {data[key]!r} contradicts the drafter fields (expected {derived[key]!r}); "
+                "edit the portable fields (variant, block_size, target_layer_ids, ...) and rewrite config.json "
+                "with portable-spec, never the engine keys by hand"
+            )
+    return config
 
 
 def read_config(path: Path) -> DrafterConfig:

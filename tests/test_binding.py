@@ -1,0 +1,45 @@
+"""A drafter trained for another target is refused at load time, naming what differs."""
+
+import pytest
+import torch
+
+from portable_spec.decode import SpeculativeDecoder
+from portable_spec.spec import SpecError
+from portable_spec.testing import tiny_drafter, tiny_target
+
+
+def test_drafter_for_another_target_is_refused(tmp_path):
+    mine, other = tiny_target(seed=0), tiny_target(seed=1)
+    tiny_drafter(mine, "depth_causal").save(tmp_path / "d")
+    mine.load_drafter(tmp_path / "d")  # fine
+    with pytest.raises(SpecError) as error:
+        other.load_drafter(tmp_path / "d")
+    assert "fingerprint" in str(error.value) and "portable-spec train" in str(error.value)
+
+
+def test_mismatched_shapes_are_listed(tmp_path):
+    tiny_drafter(tiny_target(), "parallel").save(tmp_path / "d")
+    wider = tiny_target(hidden_size=128, num_hidden_layers=4, vocab_size=300)
+    with pytest.raises(SpecError) as error:
+        wider.load_drafter(tmp_path / "d")
+    message = str(error.value)
+    for field in ("hidden_size: drafter expects 64", "num_hidden_layers: drafter expects 3", "vocab_size: drafter expects 256"):
+        assert field in message
+
+
+def test_fingerprint_ignores_load_dtype():
+    target = tiny_target()
+    before = target.fingerprint
+    target.model.to(torch.bfloat16)
+    del target.__dict__["fingerprint"]
+    rounded_once = target.fingerprint
+    target.model.to(torch.float32)
+    del target.__dict__["fingerprint"]
+    assert target.fingerprint == rounded_once
+    assert before == rounded_once  # rounding to bf16 first makes fp32 and bf16 loads agree
+
+
+def test_decoder_refuses_unbound_drafter():
+    drafter = tiny_drafter(tiny_target(seed=0), "parallel")
+    with pytest.raises(SpecError, match="fingerprint"):
+        SpeculativeDecoder(tiny_target(seed=1), drafter)
