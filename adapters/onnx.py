@@ -29,7 +29,7 @@ class OnnxDrafterGraph:
 
         path = Path(graph_dir) / GRAPH_FILE if Path(graph_dir).is_dir() else Path(graph_dir)
         if not path.exists():
-            raise SpecError(f"{path}: not found; create it with `portable-spec export onnx DRAFTER OUT --target TARGET`")
+            raise SpecError(f"{path}: not found; create it with `portable-spec export onnx DRAFTER OUT --target T`")
         self.session = ort.InferenceSession(str(path), _session_options(), providers=["CPUExecutionProvider"])
         self.metadata = GraphMetadata.from_props(self.session.get_modelmeta().custom_metadata_map, str(path))
         self.config: DrafterConfig = self.metadata.drafter_config

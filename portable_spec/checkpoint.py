@@ -24,6 +24,9 @@ def write_dir_atomically(out_dir: Path, write: "callable[[Path], None]") -> Path
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         write(tmp_dir)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_dir, 0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint should read like any directory
         if out_dir.exists():
             old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
             os.replace(out_dir, old)

@@ -29,18 +29,24 @@ BLOCK = 8  # tiny_drafter's block_size
 
 @pytest.fixture(autouse=True)
 def _one_thread():
+    """The machine is shared; restore the session's setting afterwards."""
+    previous = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory) -> dict[str, tuple[Path, Path, Path]]:
     """kind -> (target_dir, drafter_dir, graph_dir), exported once per module."""
+    previous = torch.get_num_threads()
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("onnx")
     out = {}
     for kind in VARIANT_KINDS:
         target_dir, drafter_dir = save_tiny_pair(root / kind, kind)
         out[kind] = (target_dir, drafter_dir, export_onnx(drafter_dir, target_dir, root / kind / "graph"))
+    torch.set_num_threads(previous)
     return out
 
 
