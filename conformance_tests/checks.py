@@ -21,7 +21,7 @@ from portable_spec.sampling import SamplingParams
 from portable_spec.spec import VARIANT_KINDS, read_config
 from portable_spec.testing import TINY_TARGET
 
-from .distribution import distribution_fits
+from .distribution import ALPHA, DRAWS, SAMPLING, distribution_fits
 from .golden import GOLDEN_DIR, case_paths, load_case, to_tensors
 from .workspace import CheckSkipped, Workspace, trained_fixture
 
@@ -83,6 +83,11 @@ def _kind_supported(ctx: CheckContext, kind: str) -> None:
         raise CheckSkipped(f"{ctx.backend_name} supports drafter kinds {list(ctx.backend.kinds_supported)}, not {kind}")
 
 
+def _sampling_label(config: GenerationConfig) -> str:
+    s = config.sampling
+    return f"T={s.temperature} top-k {s.top_k} top-p {s.top_p}"
+
+
 def _tiny_prompts() -> list[list[int]]:
     generator = torch.Generator().manual_seed(7)
     return [torch.randint(0, TINY_TARGET["vocab_size"] - 1, (length,), generator=generator).tolist()
@@ -99,20 +104,27 @@ def _verify_golden(ctx: CheckContext, name: str) -> None:
     _same("output_tokens", result.output_tokens.tolist(), golden.output_tokens.tolist())
 
 
+def _global_rng_states() -> list[bytes]:
+    states = [torch.get_rng_state().numpy().tobytes(), repr(random.getstate()).encode(),
+              np.random.get_state()[1].tobytes() + repr(np.random.get_state()[2:]).encode()]
+    if torch.cuda.is_available():
+        states += [state.numpy().tobytes() for state in torch.cuda.get_rng_state_all()]
+    return states
+
+
 def _verify_no_global_rng(ctx: CheckContext) -> None:
     golden = to_tensors(load_case(GOLDEN_DIR / "ragged_sampled_batch.json"))
     outputs = []
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng():
         for global_seed in (0, 1):
             torch.manual_seed(global_seed)
             random.seed(global_seed)
             np.random.seed(global_seed)
-            before = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())
+            before = _global_rng_states()
             result = ctx.backend.verify(golden.target_logits, golden.draft_tokens, golden.sampling, golden.noise,
                                         golden.draft_probs, golden.num_drafts)
-            after = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1])
-            if not (torch.equal(before[0], after[0]) and before[1] == after[1] and np.array_equal(before[2], after[2])):
-                raise CheckFailed("verify advanced a global RNG (torch, random or numpy): take randomness only "
+            if _global_rng_states() != before:
+                raise CheckFailed("verify advanced a global RNG (torch, CUDA, random or numpy): take randomness only "
                                   "from the VerifyNoise argument")
             outputs.append(result.output_tokens.tolist())
     _same("output_tokens under global seed 1 vs 0", outputs[1], outputs[0])
@@ -159,9 +171,10 @@ def _block_logits(ctx: CheckContext, kind: str) -> None:
 
 # -- end to end ------------------------------------------------------------------------------------
 def _greedy_equal(ctx: CheckContext, target, drafter, prompts, config, label: str) -> None:
-    plain = ctx.workspace.memo(("plain", ctx.backend_name, str(target), config),
+    key = (str(target), tuple(map(tuple, prompts)), config)
+    plain = ctx.workspace.memo(("plain", ctx.backend_name, *key),
                                lambda: ctx.backend.generate(target, None, prompts, config))
-    reference = ctx.workspace.memo(("plain", "reference", str(target), config),
+    reference = ctx.workspace.memo(("plain", "reference", *key),
                                    lambda: ctx.workspace.reference.generate(target, None, prompts, config))
     _same(f"{label}: {ctx.backend_name} non-speculative vs reference", plain, reference)
     speculative = ctx.backend.generate(target, drafter, prompts, config)
@@ -205,9 +218,9 @@ def all_checks() -> list[Check]:
     checks += [
         Check("verify/no_global_rng", "verify leaves torch/random/numpy global RNG state untouched and its output "
               "does not depend on it", _verify_no_global_rng),
-        Check("verify/distribution", "20k keyed draws: emitted and bonus tokens follow p (chi-square p-value >= "
-              "1e-3, no p=0 token) for a dense q and one-hot drafts, T=0.9, top-k 6, top-p 0.9",
-              _verify_distribution),
+        Check("verify/distribution", f"{DRAWS} keyed draws: emitted and bonus tokens follow p (chi-square p-value "
+              f">= {ALPHA:g}, no p=0 token) for a dense q and one-hot drafts, T={SAMPLING.temperature}, "
+              f"top-k {SAMPLING.top_k}, top-p {SAMPLING.top_p}", _verify_distribution),
         Check("target/forward", "target_forward logits and features at every usable layer id match the reference "
               f"(|diff| <= {TOLERANCE:g} * (1 + |ref|)); catches a layer-id shift", _target_forward),
     ]
@@ -216,12 +229,15 @@ def all_checks() -> list[Check]:
                             "ragged batch with a masked hole", partial(_block_logits, kind=kind)))
     for kind in VARIANT_KINDS:
         checks.append(Check(f"e2e/greedy_tiny/{kind}", "tiny random models, ragged batch of 4: greedy speculative "
-                            "== the backend's non-speculative == the reference's", partial(_e2e_greedy_tiny, kind=kind)))
+                            "== the backend's non-speculative == the reference's",
+                            partial(_e2e_greedy_tiny, kind=kind)))
     for kind in (*VARIANT_KINDS, None):
-        checks.append(Check(f"e2e/sampled_tiny/{kind or 'no_drafter'}", "tiny random models, T=0.8 top-k 40 top-p "
-                            "0.95, fixed seed: tokens == the reference's, whatever the global RNG state",
+        checks.append(Check(f"e2e/sampled_tiny/{kind or 'no_drafter'}",
+                            f"tiny random models, {_sampling_label(TINY_SAMPLED)}, fixed seed: tokens == the "
+                            "reference's, whatever the global RNG state",
                             partial(_e2e_sampled_tiny, kind=kind)))
     for kind in VARIANT_KINDS:
         checks.append(Check(f"e2e/greedy_heldout/{kind}", "trained fixtures, 4 held-out prompts: greedy speculative "
-                            "== the backend's non-speculative == the reference's", partial(_e2e_greedy_heldout, kind=kind)))
+                            "== the backend's non-speculative == the reference's",
+                            partial(_e2e_greedy_heldout, kind=kind)))
     return checks

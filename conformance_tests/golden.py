@@ -107,9 +107,10 @@ def load_case(path: Path) -> GoldenCase:
                           "update conformance_tests (golden.py) to the newer format instead of editing the file")
     case = GoldenCase.model_validate(raw)
     unknown = sorted(set(case.tags) - set(TAGS))
-    if unknown or case.name != Path(path).stem:
-        raise GoldenError(f"{path}: tags {unknown} unknown (valid: {', '.join(TAGS)}) or name {case.name!r} "
-                          "differs from the file stem; fix the generator, not the file")
+    if unknown:
+        raise GoldenError(f"{path}: tags {unknown} are unknown; valid options: {', '.join(TAGS)}")
+    if case.name != Path(path).stem:
+        raise GoldenError(f"{path}: name={case.name!r} differs from the file stem; the check id comes from the name")
     return case
 
 

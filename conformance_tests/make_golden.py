@@ -76,12 +76,14 @@ def build_cases() -> list[dict]:
 
     logits = _logits(g, 2, 5)
     cases.append(_case("greedy_all_accept", "Every draft is the argmax: all accepted, bonus token from the last slot.",
-                       ["greedy", "all_accept", "batch"], logits, logits[:, :4].argmax(-1), _greedy(2), 0, [0, 1], [10, 3]))
+                       ["greedy", "all_accept", "batch"], logits, logits[:, :4].argmax(-1), _greedy(2), 0, [0, 1],
+                       [10, 3]))
 
     logits = _logits(g, 2, 5)
     drafts = logits[:, :4].argmax(-1)
     drafts[:, 0] = (drafts[:, 0] + 1) % VOCAB
-    cases.append(_case("greedy_first_reject", "First draft differs from the argmax, later ones match: nothing accepted.",
+    cases.append(_case("greedy_first_reject",
+                       "First draft differs from the argmax, later ones match: nothing accepted.",
                        ["greedy", "first_reject", "batch"], logits, drafts, _greedy(2), 0, [0, 1], [7, 7]))
 
     logits = _logits(g, 4, 6)

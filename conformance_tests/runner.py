@@ -52,6 +52,9 @@ class ExpectedFailures(BaseModel):
 def load_expected_failures(backends: Iterable[str], check_ids: Iterable[str],
                            path: Path = EXPECTED_FAILURES) -> ExpectedFailures:
     """Parse and validate the checked-in list; an entry naming no registered backend or no check is a SpecError."""
+    if not Path(path).exists():
+        raise SpecError(f"{path}: not found; it ships beside the suite (pyproject package-data for conformance_tests "
+                        "must list expected_failures.json)")
     try:
         expected = ExpectedFailures.model_validate(json.loads(Path(path).read_text()))
     except (ValidationError, json.JSONDecodeError) as error:
@@ -125,24 +128,25 @@ def run_suite(backends: list[ResolvedBackend], checks: list[Check], workspace: W
     return [run_check(resolved, check, workspace, expected) for resolved in backends for check in checks]
 
 
-def format_report(outcomes: list[Outcome], checks: list[Check]) -> str:
+def format_report(outcomes: list[Outcome], checks: list[Check], scope: str = "") -> str:
     """Markdown: the check x backend matrix, per-backend counts, numbered notes for every non-pass, descriptions."""
     backends = list(dict.fromkeys(o.backend for o in outcomes))
-    cell, notes = {}, {}
+    cell, notes = {}, {}  # notes: (status, detail) -> [number, backends]
     for o in outcomes:
         if o.status == PASS:
             cell[o.backend, o.check] = PASS
         else:
-            number = notes.setdefault((o.backend, o.status, o.detail), len(notes) + 1)
-            cell[o.backend, o.check] = f"{o.status} [{number}]"
+            note = notes.setdefault((o.status, o.detail), [len(notes) + 1, []])
+            note[1] += [o.backend] if o.backend not in note[1] else []
+            cell[o.backend, o.check] = f"{o.status} [{note[0]}]"
     lines = [
         "# Conformance report", "",
         "Written by `portable-spec conformance`; do not edit by hand. Each check is defined once in",
         "`conformance_tests/checks.py` and run by both pytest and that command. A skip is not a pass.",
         f"Statuses: {PASS}; {FAIL}; {SKIP} (with its reason); {XFAIL} (known gap in "
         f"`conformance_tests/expected_failures.json`); {XPASS} (listed as a gap but passed: remove the entry).", "",
-        f"torch {torch.__version__}, transformers {transformers.__version__}, golden format {GOLDEN_FORMAT_VERSION}.",
-        "", "| check | " + " | ".join(backends) + " |", "| --- |" + " --- |" * len(backends),
+        f"torch {torch.__version__}, transformers {transformers.__version__}, golden format {GOLDEN_FORMAT_VERSION}."
+        + (f" Partial run: {scope}." if scope else ""), "", "| check | " + " | ".join(backends) + " |", "| --- |" + " --- |" * len(backends),
     ]
     for check in checks:
         if any((b, check.id) in cell for b in backends):
@@ -154,8 +158,8 @@ def format_report(outcomes: list[Outcome], checks: list[Check]) -> str:
         lines.append(f"- {backend}: {counts}")
     if notes:
         lines += ["", "## Notes", ""]
-        for (backend, status, detail), number in notes.items():
-            lines.append(f"{number}. {backend}, {status}: {detail}".replace("\n", " "))
+        for (status, detail), (number, names) in notes.items():
+            lines.append(f"{number}. {status} ({', '.join(names)}): {detail}".replace("\n", " "))
     lines += ["", "## Checks", "", "| check | passing asserts |", "| --- | --- |"]
-    lines += [f"| {c.id} | {c.description}{' (slow)' if c.slow else ''} |" for c in checks]
+    lines += [f"| {c.id} | {c.description.replace('|', '&#124;')}{' (slow)' if c.slow else ''} |" for c in checks]
     return "\n".join(lines) + "\n"

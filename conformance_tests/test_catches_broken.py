@@ -89,4 +89,4 @@ def test_registered_broken_backend_fails_the_cli(tmp_path, monkeypatch) -> None:
     text = report.read_text()
     assert code == 1
     assert "| golden/greedy_first_reject | pass | FAIL [1] |" in text
-    assert "broken_off_by_one, FAIL: accepted_len" in text
+    assert "FAIL (broken_off_by_one): accepted_len" in text

@@ -195,6 +195,7 @@ def injected_attention_triton(
         kv_heads, ctx_len, k, d, groups, t_per_split, _LOG2E / math.sqrt(d),
         CAUSAL=bool(block_causal), SPLITS=splits, UPCAST=upcast, PV_TF32=q.element_size() < 4,
         BLOCK_M=block_m, BLOCK_T=block_t, BLOCK_K=max(16, triton.next_power_of_2(k)), BLOCK_D=block_d,
+        num_warps=4 if block_m * block_d <= 64 * 64 else 8,
     )
     if splits > 1:
         _combine_kernel[(programs,)](

@@ -38,16 +38,16 @@ def _verify_kernel(
     b = tl.program_id(0).to(tl.int64)
     slots = tl.arange(0, BLOCK_N)
     num_drafts = tl.minimum(tl.maximum(tl.load(NUM_DRAFTS + b), 0), n)
-    in_chain = slots < n
-    draft = tl.load(DRAFT + b * stride_db + slots, mask=in_chain, other=0)
+    in_draft = slots < num_drafts  # padding after a ragged request's drafts is never read
+    draft = tl.load(DRAFT + b * stride_db + slots, mask=in_draft, other=0)
     # acceptance test on every draft slot at once; accepted_len = first slot that fails
-    p_draft = tl.load(P + b * stride_pb + slots * stride_pn + draft, mask=in_chain, other=0.0)
+    p_draft = tl.load(P + b * stride_pb + slots * stride_pn + draft, mask=in_draft, other=0.0)
     if HAS_QPROBS:
-        q_draft = tl.load(QPROBS + b * stride_qb + slots * stride_qn + draft, mask=in_chain, other=0.0).to(tl.float32)
+        q_draft = tl.load(QPROBS + b * stride_qb + slots * stride_qn + draft, mask=in_draft, other=0.0).to(tl.float32)
     else:
-        q_draft = tl.where(in_chain, 1.0, 0.0)
-    u_accept = tl.load(UACC + b * stride_ab + slots, mask=in_chain, other=1.0)
-    accepted = (u_accept * q_draft <= p_draft) & (slots < num_drafts)
+        q_draft = tl.where(in_draft, 1.0, 0.0)
+    u_accept = tl.load(UACC + b * stride_ab + slots, mask=in_draft, other=1.0)
+    accepted = (u_accept * q_draft <= p_draft) & in_draft
     accepted_len = tl.min(tl.where(accepted, BLOCK_N, slots), axis=0)
     has_q = accepted_len < num_drafts  # the slot that decides next_token has a draft (q row), else q = 0
     q_limit = tl.where(has_q, V, 0)  # q row lanes to read: none when the slot has no draft
@@ -134,6 +134,7 @@ def verify_probs(
         n, vocab,
         HAS_QPROBS=draft_probs is not None, USE_LIBDEVICE=p.is_cuda,
         BLOCK_N=triton.next_power_of_2(n + 1), BLOCK_V=min(block_v, triton.next_power_of_2(vocab)),
+        enable_fp_fusion=False,  # the reference rounds every product on its own: no FMA contraction
     )
     return VerifyResult(accepted_len=accepted_len, next_token=next_token, output_tokens=output)
 

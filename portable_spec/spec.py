@@ -36,7 +36,7 @@ class DepthCausalVariant(_Strict):
     """Ours: one pass, causal block attention, and before every layer slot j mixes in slot j-1's state."""
 
     kind: Literal["depth_causal"] = "depth_causal"
-    engine_architecture: ClassVar[str] = "PortableSpecDepthCausalDraft"  # registered by our engine plugins
+    engine_architecture: ClassVar[str] = "DFlashDepthCausalDraftModel"  # registered by our engine plugins
     shift_mix_layers: Literal["all"] = Field(
         "all", description="Layers that apply the shift-mix h_j <- W[h_j; h_{j-1}]; 'all' is the only option."
     )

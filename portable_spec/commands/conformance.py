@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from conformance_tests.runner import (FAILING, SKIP, Outcome, format_report, load_expected_failures,
                                           resolve_backend, run_suite)
     from conformance_tests.workspace import Workspace
+    from transformers.utils import logging as transformers_logging
 
     registered = backend_names()
     names = args.backends or registered
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError(f"--checks {args.checks} match no check; ids look like 'golden/top_k', 'e2e/greedy_tiny/*'")
     expected = load_expected_failures(registered, [c.id for c in checks])
     torch.set_num_threads(args.threads)
+    transformers_logging.disable_progress_bar()  # model loads would bury the table
 
     runnable = [c for c in selected if not (args.skip_slow and c.slow)]
     resolved = [resolve_backend(name) for name in names]
@@ -52,7 +54,9 @@ def run(args: argparse.Namespace) -> int:
         outcomes = run_suite(resolved, runnable, workspace, expected)
     outcomes += [Outcome(r.name, c.id, SKIP, "slow check, not run (--skip-slow)")
                  for r in resolved for c in selected if c not in runnable]
-    report = format_report(outcomes, selected)
+    partial = [f"--backends {' '.join(names)}"] if args.backends else []
+    partial += [f"--checks {' '.join(args.checks)}"] if args.checks != ["*"] else []
+    report = format_report(outcomes, selected, scope=", ".join(partial))
     print(report, end="")
     if str(args.output) != "-":
         _write_atomically(args.output, report)
