@@ -120,7 +120,7 @@ class SpeculativeDecoder:
         logits, features = self.target.forward(input_ids, slots, layout.valid, cache, self.layer_ids)
         context = proposer.begin(features, slots) if proposer is not None else None
         last = logits[torch.arange(batch), lengths - 1][:, None]
-        noise = VerifyNoise.for_chain(config.seed, request_ids, lengths, 0, last.shape[-1])
+        noise = self._noise(config, request_ids, lengths, 0, last.shape[-1])
         empty = torch.zeros(batch, 0, dtype=torch.int64, device=device)
         anchor = verify(last, empty, sampling, noise).next_token
         anchor_pos = lengths.clone()  # sequence position of each request's anchor
@@ -137,7 +137,7 @@ class SpeculativeDecoder:
             mask = torch.cat((layout.valid, torch.ones_like(chain, dtype=torch.bool)), dim=1)
             logits, features = self.target.forward(chain, chain_pos, mask, cache, self.layer_ids)
             stats.rounds += 1
-            noise = VerifyNoise.for_chain(config.seed, request_ids, anchor_pos + 1, num_drafts, logits.shape[-1])
+            noise = self._noise(config, request_ids, anchor_pos + 1, num_drafts, logits.shape[-1])
             result = verify(logits, drafts, sampling, noise)
 
             kept = torch.arange(num_drafts + 1, device=device) <= result.accepted_len[:, None]
@@ -160,6 +160,12 @@ class SpeculativeDecoder:
 
         stats.seconds = time.perf_counter() - start
         return GenerationOutput(tokens=outputs, stats=stats)
+
+    @staticmethod
+    def _noise(config: GenerationConfig, request_ids, first_positions, num_drafts: int, vocab: int) -> VerifyNoise:
+        if config.sampling.temperature == 0:
+            return VerifyNoise.unused(len(request_ids), num_drafts, vocab)
+        return VerifyNoise.for_chain(config.seed, request_ids, first_positions, num_drafts, vocab)
 
     @staticmethod
     def _finish(tokens: list[int], config: GenerationConfig) -> bool:

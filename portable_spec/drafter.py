@@ -92,7 +92,8 @@ class Drafter(nn.Module):
         self.config.check_num_draft_tokens(num_drafts)
         if self.behaviour.autoregressive:
             return self._propose_autoregressive(anchor_tokens, anchor_positions, context, context_valid, num_drafts)
-        k = self.config.block_size  # always the full trained block: parallel slots see each other
+        # A bidirectional block needs every trained slot (slots see later ones); a causal block is exact when cut.
+        k = num_drafts + 1 if self.behaviour.block_causal else self.config.block_size
         block = torch.full((anchor_tokens.shape[0], 1, k), self.config.mask_token_id, device=anchor_tokens.device)
         block[:, 0, 0] = anchor_tokens
         logits = self._single_block(block, anchor_positions, context, context_valid)

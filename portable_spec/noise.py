@@ -43,7 +43,8 @@ def keyed_uniforms(
     """Uniforms in (0, 1): request_ids [B], positions [B, n] -> [B, n, width] float32.
 
     Key = (seed low 32 bits, request id); counter = (position, stream, lane block, seed high 32 bits).
-    Values are (x >> 8 + 0.5) / 2**24: exact in float32 and never 0 or 1.
+    Values are (x >> 9 + 0.5) / 2**23: exact in float32 (24 significant bits) and never 0 or 1 — with 24
+    random bits, 2**24 - 0.5 would round up to 1.0 and make the exponential race divide by -0.
     """
     device = positions.device
     blocks = (width + 3) // 4
@@ -57,7 +58,12 @@ def keyed_uniforms(
     key[..., 0] = seed & _M32
     key[..., 1] = (request_ids.to(torch.int64) & _M32)[:, None, None]
     bits = philox4x32(counter, key).reshape(b, n, blocks * 4)[..., :width]
-    return ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return bits_to_uniform(bits)
+
+
+def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
+    """uint32 (as int64) -> float32 in (0, 1): the top 23 bits, centred, so 0 and 1 are unreachable."""
+    return ((bits >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))
 
 
 @dataclass
@@ -66,6 +72,12 @@ class VerifyNoise:
 
     accept_uniform: torch.Tensor  # [B, n]: for the draft token at chain slot i+1
     sample_uniform: torch.Tensor  # [B, n+1, V]: exponential-race noise for the token decided at slot i
+
+    @classmethod
+    def unused(cls, batch: int, num_drafts: int, vocab_size: int) -> "VerifyNoise":
+        """Placeholder noise for an all-greedy batch, where p is one-hot and no uniform can change the result."""
+        half = torch.full((1, 1, 1), 0.5)
+        return cls(accept_uniform=half[0].expand(batch, num_drafts), sample_uniform=half.expand(batch, num_drafts + 1, vocab_size))
 
     @classmethod
     def for_chain(

@@ -51,6 +51,8 @@ def target_probs(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tensor:
     vocab = logits.shape[-1]
     greedy = sampling.temperature == 0
     one_hot = torch.nn.functional.one_hot(logits.argmax(dim=-1), vocab).to(torch.float32)
+    if bool(greedy.all()):  # same result as below, without the sort
+        return one_hot
     temperature = torch.where(greedy, 1.0, sampling.temperature)[:, None, None]
     sorted_logits, order = torch.sort(logits / temperature, dim=-1, descending=True, stable=True)
     rank = torch.arange(vocab, device=logits.device)

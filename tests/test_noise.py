@@ -40,3 +40,11 @@ def test_verify_noise_positions():
     assert noise.accept_uniform.shape == (2, 2) and noise.sample_uniform.shape == (2, 3, 5)
     shifted = VerifyNoise.for_chain(3, torch.tensor([0, 1]), torch.tensor([11, 21]), num_drafts=2, vocab_size=5)
     assert torch.equal(noise.sample_uniform[:, 1:], shifted.sample_uniform[:, :2])  # keyed by absolute position
+
+
+def test_extreme_bits_stay_inside_the_open_interval():
+    """All-ones bits must give u < 1, else -log(u) = -0 and the exponential race divides by zero."""
+    from portable_spec.noise import bits_to_uniform
+
+    u = bits_to_uniform(torch.tensor([0, 0xFFFFFFFF]))
+    assert 0 < float(u[0]) and float(u[1]) < 1.0 and bool((-torch.log(u) > 0).all())
