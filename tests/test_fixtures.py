@@ -8,9 +8,6 @@ from portable_spec.decode import GenerationConfig, SpeculativeDecoder
 from portable_spec.spec import VARIANT_KINDS
 from portable_spec.target import TargetModel
 
-from .conftest import requires_fixtures
-
-pytestmark = requires_fixtures
 NUM_PROMPTS, NEW_TOKENS = 52, 24
 
 

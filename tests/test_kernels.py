@@ -1,11 +1,9 @@
 """Triton kernels against their torch twins: exact tokens for verification, the 2x error rule for attention.
 
 Triton fixes interpreter-or-compiler when it is first imported in a process, and torch._dynamo (pulled in by
-transformers) imports it whenever it is installed. So: if this module is the first to import triton and there is
-no CUDA, it sets TRITON_INTERPRET=1 for that import only (and per interpreted test, with monkeypatch) and runs the
-interpreted tests in-process; if triton came in earlier (the full suite), those tests skip here and
-`test_interpreted_tests_in_a_fresh_process` runs them in a child pytest whose environment holds the variable.
-Either way no other test sees TRITON_INTERPRET. The `gpu` tests compile the kernels (CUDA present at import).
+transformers) imports it whenever it is installed; the repository's root conftest.py therefore sets
+TRITON_INTERPRET=1 before anything imports it when there is no CUDA, and these tests run the kernels in the
+interpreter. The `gpu` tests compile the kernels (CUDA present at import).
 """
 
 from __future__ import annotations
@@ -55,8 +53,7 @@ def interpreted(monkeypatch):
     if isinstance(KERNELS, str):
         pytest.skip(KERNELS)
     if not INTERPRETED_HERE:
-        pytest.skip("triton was imported in compiled mode before this module (or CUDA is present): "
-                    "test_interpreted_tests_in_a_fresh_process runs these on CPU")
+        pytest.skip("CUDA is present: the kernels are compiled, and the `gpu` tests check them")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     return KERNELS
 
@@ -68,20 +65,6 @@ def compiled():
     if isinstance(KERNELS, str):
         pytest.skip(KERNELS)
     return KERNELS
-
-
-def test_interpreted_tests_in_a_fresh_process():
-    """When this process could not interpret the kernels, run the interpreted tests in a child pytest."""
-    if INTERPRETED_HERE or isinstance(KERNELS, str) or torch.cuda.is_available():
-        pytest.skip("not needed: the interpreted tests ran in this process, triton is missing, or CUDA compiles them")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    env.pop(dispatch.ENV_VAR, None)
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not gpu", "-k", "not fresh_process",
-         str(Path(__file__).resolve())],
-        cwd=REPO, env=env, capture_output=True, text=True,
-    )
-    assert child.returncode == 0 and " skipped" not in child.stdout.splitlines()[-1], child.stdout[-4000:] + child.stderr[-2000:]
 
 
 # -- verification ----------------------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def test_good_config_round_trips(good, target, tmp_path):
     assert read_config(tmp_path / "d").to_json_dict() == good
     from transformers import AutoConfig  # engines read the same file through HF AutoConfig
     hf = AutoConfig.from_pretrained(tmp_path / "d")
-    assert hf.architectures == ["PortableSpecDepthCausalDraft"] and hf.dflash_config["block_size"] == 8
+    assert hf.architectures == ["DFlashDepthCausalDraftModel"] and hf.dflash_config["block_size"] == 8
     again = load_drafter(tmp_path / "d")
     for name, tensor in drafter.state_dict().items():
         assert torch.equal(again.state_dict()[name], tensor), name

