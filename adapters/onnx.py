@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from portable_spec.backends import Backend
+from portable_spec.backends import Backend, ReferenceBackend
 from portable_spec.decode import SpeculativeDecoder
 from portable_spec.spec import DrafterConfig, SpecError
 from portable_spec.target import TargetModel
@@ -121,6 +121,9 @@ class OnnxBackend(Backend):
         except ImportError as error:
             return f"onnx/onnxruntime not importable ({error}); install with `pip install portable-spec[onnx]`"
         return None
+
+    # Only the drafter is exported: this backend's target IS the HF torch target, scored by the reference path.
+    target_forward = ReferenceBackend.target_forward
 
     def graph(self, target: TargetModel, target_dir: Path, drafter_dir: Path) -> OnnxDrafterGraph:
         """The graph for drafter_dir: loaded if it is an export, else exported once (cached per instance)."""
