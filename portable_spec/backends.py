@@ -105,6 +105,7 @@ class ReferenceBackend(Backend):
 BACKENDS: dict[str, str] = {
     "reference": "portable_spec.backends:ReferenceBackend",
     "onnx": "adapters.onnx:OnnxBackend",
+    "sglang": "adapters.sglang.backend:SglangBackend",
 }
 
 
