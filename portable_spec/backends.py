@@ -106,6 +106,7 @@ BACKENDS: dict[str, str] = {
     "reference": "portable_spec.backends:ReferenceBackend",
     "onnx": "adapters.onnx:OnnxBackend",
     "sglang": "adapters.sglang.backend:SglangBackend",
+    "vllm": "adapters.vllm.backend:VllmBackend",
 }
 
 

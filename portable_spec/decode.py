@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from kernels.dispatch import verify_op  # the torch twin (== verify) off CUDA, the fused Triton kernel on it
+
 from .drafter import Drafter
 from .noise import VerifyNoise
 from .proposer import DraftProposer, TorchProposer
 from .sampling import SamplingBatch, SamplingParams
 from .spec import SpecError
 from .target import TargetModel
-from .verify import verify
 
 
 class GenerationConfig(BaseModel):
@@ -122,7 +123,7 @@ class SpeculativeDecoder:
         last = logits[torch.arange(batch), lengths - 1][:, None]
         noise = self._noise(config, request_ids, lengths, 0, last.shape[-1])
         empty = torch.zeros(batch, 0, dtype=torch.int64, device=device)
-        anchor = verify(last, empty, sampling, noise).next_token
+        anchor = verify_op(last, empty, sampling, noise).next_token
         anchor_pos = lengths.clone()  # sequence position of each request's anchor
         outputs = [[int(t)] for t in anchor]
         active = torch.tensor([not self._finish(out, config) for out in outputs], device=device)
@@ -138,7 +139,7 @@ class SpeculativeDecoder:
             logits, features = self.target.forward(chain, chain_pos, mask, cache, self.layer_ids)
             stats.rounds += 1
             noise = self._noise(config, request_ids, anchor_pos + 1, num_drafts, logits.shape[-1])
-            result = verify(logits, drafts, sampling, noise)
+            result = verify_op(logits, drafts, sampling, noise)
 
             kept = torch.arange(num_drafts + 1, device=device) <= result.accepted_len[:, None]
             layout.append(kept & active[:, None], chain_pos)
