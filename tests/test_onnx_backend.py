@@ -27,13 +27,7 @@ TOLERANCE = 1e-4
 BLOCK = 8  # tiny_drafter's block_size
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The machine is shared; restore the session's setting afterwards."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
