@@ -47,7 +47,7 @@ def _verify_kernel(
     else:
         q_draft = tl.where(in_draft, 1.0, 0.0)
     u_accept = tl.load(UACC + b * stride_ab + slots, mask=in_draft, other=1.0)
-    accepted = (u_accept * q_draft <= p_draft) & in_draft
+    accepted = (q_draft > 0) & (u_accept * q_draft <= p_draft) & in_draft  # q = 0: rejected (verify.py)
     accepted_len = tl.min(tl.where(accepted, BLOCK_N, slots), axis=0)
     has_q = accepted_len < num_drafts  # the slot that decides next_token has a draft (q row), else q = 0
     q_limit = tl.where(has_q, V, 0)  # q row lanes to read: none when the slot has no draft

@@ -10,9 +10,10 @@ from .spec import SpecError
 
 # subcommand -> module in portable_spec.commands exposing add_arguments(parser) and run(args) -> int
 COMMANDS = {
-    "demo": "Speculative decoding on the shipped fixtures: tau, passes/token and speedup per drafter kind.",
+    "demo": "Speculative decoding on SmolLM2 with the shipped drafters vs plain greedy, HF generate, HF prompt lookup.",
+    "fetch-target": "Convert a known target (smollm2) to a cached HF directory, verified by sha256 on reuse.",
     "bench": "Benchmarks printed as side-by-side ratios: `bench decode` (default) or `bench kernels`.",
-    "train": "Distil a drafter for a target from its hidden states (resumable).",
+    "train": "Train a drafter for any HF causal LM: regenerate replies, cache features, train (resumable).",
     "check": "Validate a drafter checkpoint, optionally against a target.",
     "generate": "Generate text with a target and (optionally) a drafter.",
     "export": "Export a drafter: `export onnx DRAFTER OUT` or `export trtllm DRAFTER OUT`.",
@@ -24,12 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="portable-spec", description=__doc__)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, help_text in COMMANDS.items():
-        try:
-            module = importlib.import_module(f"portable_spec.commands.{name.replace('-', '_')}")
-        except ModuleNotFoundError as error:
-            if error.name != f"portable_spec.commands.{name}":
-                raise
-            continue
+        module = importlib.import_module(f"portable_spec.commands.{name.replace('-', '_')}")
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(sub)
         sub.set_defaults(handler=module.run)

@@ -39,7 +39,43 @@ class Drafter(nn.Module):
             DrafterLayer(config, shift_mix=self.behaviour.shift_mix) for _ in range(config.num_hidden_layers)
         )
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if config.draft_vocab_size is not None:  # EAGLE-3 layout: target id = draft id + d2t[draft id]
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
         self.shared = shared
+        self._head_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    # -- vocabulary ------------------------------------------------------------------------------
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """Target ids of the draft vocabulary [V_draft], or None when the drafter scores the full vocabulary."""
+        if self.config.draft_vocab_size is None:
+            return None
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
+        """Fix the draft vocabulary to `target_ids` (distinct, [V_draft]); stored as EAGLE-3 offsets."""
+        ids = torch.as_tensor(target_ids, dtype=torch.int64)
+        if ids.shape != self.d2t.shape or len(set(ids.tolist())) != len(ids) or int(ids.min()) < 0 \
+                or int(ids.max()) >= self.config.vocab_size:
+            raise SpecError(f"draft vocabulary needs {self.config.draft_vocab_size} distinct ids in "
+                            f"[0, {self.config.vocab_size}), got shape {tuple(ids.shape)}")
+        self.d2t.copy_(ids - torch.arange(len(ids)))
+
+    def scored_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., H] final hidden -> [..., config.scored_vocab_size]: the target's LM head, restricted to the draft
+        vocabulary's rows when there is one (the slice is cached; the target is frozen)."""
+        if self.config.draft_vocab_size is None:
+            return self.shared.lm_head(h)
+        ids, weight = self._draft_head()
+        return torch.nn.functional.linear(h, weight.to(h.dtype))
+
+    def _draft_head(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(target ids [V_draft], LM-head rows [V_draft, H]), cached while the target's head and d2t are unchanged."""
+        weight = self.shared.lm_head.weight
+        key = (weight.data_ptr(), weight.dtype, weight._version, self.d2t._version)
+        if self._head_cache is None or self._head_cache[0] != key:
+            ids = self.draft_token_ids().detach().clone()
+            self._head_cache = (key, (ids, weight.detach()[ids].contiguous()))
+        return self._head_cache[1]
 
     # -- context ---------------------------------------------------------------------------------
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> ContextKV:
@@ -62,6 +98,22 @@ class Drafter(nn.Module):
         context: ContextKV,
         context_mask: torch.Tensor,  # [B, A*k, T] bool: which context slots each block slot may see
     ) -> torch.Tensor:  # [B, A, k, V]
+        """Logits over the target vocabulary; with a draft vocabulary, -inf outside it (as vLLM's DFlash does), so
+        argmax, sampling and every backend's comparison need no id mapping."""
+        logits = self.scored_logits(self.block_hidden(block_ids, block_positions, context, context_mask))
+        if self.config.draft_vocab_size is None:
+            return logits
+        ids, _ = self._draft_head()
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.scatter(-1, ids.expand(*logits.shape[:-1], -1), logits)
+
+    def block_hidden(
+        self,
+        block_ids: torch.Tensor,  # [B, A, k]
+        block_positions: torch.Tensor,  # [B, A, k]
+        context: ContextKV,
+        context_mask: torch.Tensor,  # [B, A*k, T] bool
+    ) -> torch.Tensor:  # [B, A, k, H], after the final norm
         if self.shared is None:
             raise SpecError("drafter is not bound to a target; load it with load_drafter(..., target=...)")
         b, a, k = block_ids.shape
@@ -74,7 +126,7 @@ class Drafter(nn.Module):
         mask = torch.cat((context_mask, block_mask.expand(b, -1, -1)), dim=-1)[:, None]
         for layer, (context_k, context_v) in zip(self.layers, context):
             h = layer(h, cos, sin, context_k, context_v, mask)
-        return self.shared.lm_head(self.norm(h))
+        return self.norm(h)
 
     def prediction_slot(self, offset: int) -> int:
         """Block slot whose logits predict the token `offset` (>= 1) places after the anchor."""

@@ -87,6 +87,9 @@ class DrafterConfig(_Strict):
     rope_theta: float = Field(10000.0, gt=0, description="Rotary base.")
     vocab_size: int = Field(gt=0, description="Vocabulary size; must equal the target's.")
     mask_token_id: int = Field(ge=0, description="Token id filling the draft slots of a block.")
+    draft_vocab_size: int | None = Field(
+        None, gt=0, description="Rows of the target's LM head the drafter scores (EAGLE-3's reduced draft vocabulary; "
+        "weights carry `d2t`: target id = draft id + d2t[draft id]); None scores the full vocabulary.")
     target_layer_ids: list[int] = Field(
         min_length=1, description="Target layers whose OUTPUT is fused (HF output_hidden_states[i + 1])."
     )
@@ -105,6 +108,11 @@ class DrafterConfig(_Strict):
             raise ValueError(
                 f"mask_token_id={self.mask_token_id} is outside the vocabulary (vocab_size={self.vocab_size}); "
                 "use a reserved special token of the target tokenizer"
+            )
+        if self.draft_vocab_size is not None and self.draft_vocab_size > self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size={self.draft_vocab_size} exceeds vocab_size={self.vocab_size}; "
+                "use at most the target's vocabulary, or omit it for the full vocabulary"
             )
         if self.vocab_size != self.target.vocab_size:
             raise ValueError(
@@ -131,6 +139,11 @@ class DrafterConfig(_Strict):
     @property
     def kind(self) -> str:
         return self.variant.kind
+
+    @property
+    def scored_vocab_size(self) -> int:
+        """Width of the drafter's logits: the draft vocabulary if reduced, else the target's."""
+        return self.draft_vocab_size or self.vocab_size
 
     @property
     def feature_size(self) -> int:
@@ -160,7 +173,7 @@ class DrafterConfig(_Strict):
 
     def to_json_dict(self) -> dict[str, Any]:
         """What config.json holds: our fields, then the derived engine keys."""
-        return {**self.model_dump(mode="json"), **self.engine_fields()}
+        return {**self.model_dump(mode="json", exclude_none=True), **self.engine_fields()}
 
     def check_num_draft_tokens(self, num_draft_tokens: int) -> None:
         """A block of size k proposes at most k-1 tokens; more would run the drafter off its training."""

@@ -78,10 +78,13 @@ class TargetModel:
         layer_ids: list[int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [B, n, V] and, if layer_ids, features [B, n, len(layer_ids) * H] (outputs of those layers)."""
+        # No holes (always so at batch 1: rejected slots are the cropped tail): let HF build the causal mask itself,
+        # which takes SDPA's unmasked fast path for single-token steps.
+        mask = None if bool(attention_mask.all()) else attention_mask.to(torch.long)
         out = self.model(
             input_ids=input_ids,
             position_ids=positions,
-            attention_mask=attention_mask.to(torch.long),
+            attention_mask=mask,
             use_cache=True,
             output_hidden_states=layer_ids is not None,
             **{self._cache_kwarg: cache},

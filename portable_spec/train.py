@@ -39,7 +39,8 @@ class TrainConfig(BaseModel):
 
 def drafter_config_for(
     target: TargetModel, *, kind: str, block_size: int, num_hidden_layers: int, target_layer_ids: list[int],
-    mask_token_id: int, intermediate_size: int | None = None,
+    mask_token_id: int, intermediate_size: int | None = None, draft_vocab_size: int | None = None,
+    model_id: str | None = None,
 ) -> DrafterConfig:
     """A drafter config shaped like the target's layers (same width, heads, rope), bound to the target."""
     t = target.config
@@ -56,23 +57,22 @@ def drafter_config_for(
         "rope_theta": float(getattr(t, "rope_theta", None) or t.rope_parameters["rope_theta"]),
         "vocab_size": target.model.get_input_embeddings().weight.shape[0],
         "mask_token_id": mask_token_id,
+        **({"draft_vocab_size": draft_vocab_size} if draft_vocab_size is not None else {}),
         "target_layer_ids": target_layer_ids,
         "target": {
-            "model_id": target.model_id, "architecture": type(target.model).__name__,
+            "model_id": model_id or target.model_id, "architecture": type(target.model).__name__,
             "hidden_size": t.hidden_size, "num_hidden_layers": t.num_hidden_layers,
             "vocab_size": target.model.get_input_embeddings().weight.shape[0], "fingerprint": target.fingerprint,
         },
     })
 
 
-def drafter_loss(drafter: Drafter, target: TargetModel, tokens: torch.Tensor, anchors: torch.Tensor, gamma: float):
-    """tokens [B, T], anchors [B, A] (each <= T - block_size) -> weighted cross-entropy over draft offsets."""
+def drafter_loss(drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor, gamma: float):
+    """features [B, T, F] of tokens [B, T], anchors [B, A] (each <= T - block_size) -> weighted cross-entropy over
+    draft offsets. With a reduced draft vocabulary, tokens outside it carry no loss (they can never be drafted)."""
     config, (batch, seq_len) = drafter.config, tokens.shape
     k, num_anchors = config.block_size, anchors.shape[1]
     positions = torch.arange(seq_len, device=tokens.device).expand(batch, -1)
-    with torch.no_grad():
-        _, features = target.forward(tokens, positions, torch.ones_like(tokens, dtype=torch.bool),
-                                     target.new_cache(), config.target_layer_ids)
     block_positions = anchors[:, :, None] + torch.arange(k, device=tokens.device)  # [B, A, k]
     true_tokens = tokens.gather(1, block_positions.reshape(batch, -1)).view(batch, num_anchors, k)
     if drafter.behaviour.autoregressive:
@@ -82,12 +82,39 @@ def drafter_loss(drafter: Drafter, target: TargetModel, tokens: torch.Tensor, an
         block_ids[..., 0] = true_tokens[..., 0]
     context_mask = (positions[:, None, :] < anchors[:, :, None]).repeat_interleave(k, dim=1)  # [B, A*k, T]
     context = drafter.context_kv(features, positions)
-    logits = drafter.block_logits(block_ids, block_positions, context, context_mask)
+    hidden = drafter.block_hidden(block_ids, block_positions, context, context_mask)
     slots = [drafter.prediction_slot(offset) for offset in range(1, k)]
-    predicted = logits[:, :, slots]  # [B, A, k-1, V]
-    losses = F.cross_entropy(predicted.flatten(0, 2), true_tokens[..., 1:].flatten(), reduction="none")
+    predicted = drafter.scored_logits(hidden[:, :, slots])  # [B, A, k-1, V_draft]
+    labels = true_tokens[..., 1:]
+    if config.draft_vocab_size is not None:
+        labels = target_to_draft(drafter, labels)
+    losses = F.cross_entropy(predicted.flatten(0, 2), labels.flatten(), reduction="none", ignore_index=-100)
     weights = torch.exp(-torch.arange(k - 1, dtype=torch.float32, device=tokens.device) / gamma)
     return (losses.view(batch, num_anchors, k - 1) * weights).sum() / (weights.sum() * batch * num_anchors)
+
+
+def target_to_draft(drafter: Drafter, target_ids: torch.Tensor) -> torch.Tensor:
+    """Target ids -> draft-vocabulary indices, -100 (ignored by the loss) where outside the draft vocabulary."""
+    lookup = torch.full((drafter.config.vocab_size,), -100, dtype=torch.int64, device=target_ids.device)
+    draft_ids = drafter.draft_token_ids().to(target_ids.device)
+    lookup[draft_ids] = torch.arange(len(draft_ids), device=target_ids.device)
+    return lookup[target_ids]
+
+
+def stream_batches(target: TargetModel, stream: torch.Tensor, config: "TrainConfig", layer_ids: list[int], k: int):
+    """Batches for training on a raw token stream: random windows, features from the frozen target each step."""
+
+    def draw(generator: torch.Generator):
+        tokens = sample_windows(stream, config.seq_len, config.batch_size, generator)
+        scores = torch.rand(config.batch_size, config.seq_len - k, generator=generator)
+        anchors = 1 + scores.argsort(dim=1)[:, : config.anchors_per_seq]  # distinct, in [1, T - k]
+        positions = torch.arange(config.seq_len).expand(config.batch_size, -1)
+        with torch.no_grad():
+            _, features = target.forward(tokens, positions, torch.ones_like(tokens, dtype=torch.bool),
+                                         target.new_cache(), layer_ids)
+        return tokens, features, anchors
+
+    return draw
 
 
 def _lr_at(step: int, config: TrainConfig) -> float:
@@ -125,36 +152,48 @@ def train_drafter(
     target: TargetModel, drafter_config: DrafterConfig, stream: torch.Tensor, config: TrainConfig,
     out_dir: Path, state_dir: Path | None = None, progress: bool = True,
 ) -> Drafter:
-    """Train, saving resumable state to state_dir every save_every steps; resumes from it if present."""
+    """Train on a raw token stream (the fixtures' recipe): the target runs on every batch."""
+    draw = stream_batches(target, stream, config, drafter_config.target_layer_ids, drafter_config.block_size)
+    return train_loop(target, drafter_config, draw, config, out_dir, state_dir, progress)
+
+
+def train_loop(
+    target: TargetModel, drafter_config: DrafterConfig, draw, config: TrainConfig, out_dir: Path,
+    state_dir: Path | None = None, progress: bool = True, draft_vocab: torch.Tensor | None = None,
+    log: "callable[[int, float], None] | None" = None,
+) -> Drafter:
+    """Optimise a drafter on batches `draw(generator) -> (tokens, features, anchors)`; the generator is seeded by
+    (seed, step), so resuming from state_dir (saved every save_every steps) repeats the uninterrupted run."""
     target.check_drafter(drafter_config)
     for param in target.model.parameters():
         param.requires_grad_(False)
 
     def optimizer_for(drafter: Drafter) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=0.0)
+        return torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
 
     if state_dir is not None and (Path(state_dir) / "trainer_state.json").exists():
         drafter, optimizer, start = _load_state(Path(state_dir), target, optimizer_for)
     else:
         torch.manual_seed(config.seed)
         drafter, start = Drafter(drafter_config, target.shared_modules()), 0
+        if draft_vocab is not None:
+            drafter.set_draft_vocab(draft_vocab)
         optimizer = optimizer_for(drafter)
     drafter.train()
-    k = drafter_config.block_size
     bar = tqdm(range(start, config.steps), initial=start, total=config.steps, disable=not progress, desc=drafter_config.kind)
     for step in bar:
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
-        tokens = sample_windows(stream, config.seq_len, config.batch_size, generator)
-        scores = torch.rand(config.batch_size, config.seq_len - k, generator=generator)
-        anchors = 1 + scores.argsort(dim=1)[:, : config.anchors_per_seq]  # distinct, in [1, T - k]
+        tokens, features, anchors = draw(generator)
         for group in optimizer.param_groups:
             group["lr"] = _lr_at(step, config)
-        loss = drafter_loss(drafter, target, tokens, anchors, config.loss_gamma)
+        loss = drafter_loss(drafter, features, tokens, anchors, config.loss_gamma)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         optimizer.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")
+        if log is not None:
+            log(step + 1, loss.item())
         if state_dir is not None and ((step + 1) % config.save_every == 0 or step + 1 == config.steps):
             _save_state(Path(state_dir), drafter, optimizer, step + 1)
     drafter.eval()

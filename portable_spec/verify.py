@@ -2,7 +2,9 @@
 
 Definitions (used across the project):
 - accepted tokens: the longest prefix of the draft that passes the test below (greedy: equals the target's
-  argmax; sampling: u * q(d) <= p(d), i.e. accepted with probability min(1, p/q)).
+  argmax; sampling: q(d) > 0 and u * q(d) <= p(d), i.e. accepted with probability min(1, p/q)). A draft its own
+  drafter gave probability 0 is rejected, as vLLM's rejection sampler does: with q = 0 the test would otherwise
+  accept a token the target gives p = 0.
 - recovered token: at the first rejected slot, a sample from norm(max(p - q, 0)) (greedy: the argmax).
 - bonus token: when every draft is accepted, a sample from p at the slot after the last draft.
 `next_token` is the recovered or the bonus token; a step emits accepted tokens + next_token.
@@ -56,7 +58,7 @@ def verify(
 
     p_draft = p[:, :n].gather(-1, draft_tokens[..., None])[..., 0]
     q_draft = q[:, :n].gather(-1, draft_tokens[..., None])[..., 0]
-    accepted = (noise.accept_uniform * q_draft <= p_draft) & in_draft[:, :n]
+    accepted = (q_draft > 0) & (noise.accept_uniform * q_draft <= p_draft) & in_draft[:, :n]
     accepted_len = accepted.to(torch.int64).cumprod(dim=-1).sum(dim=-1)
 
     rows = torch.arange(batch, device=device)

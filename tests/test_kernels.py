@@ -261,3 +261,15 @@ def test_verify_kernel_cuda(compiled, mode, batch, n, vocab):
 def test_attention_kernel_cuda(compiled, dtype, causal, batch, heads, kv_heads, k, ctx_len, d, num_splits):
     case = attention_case(batch, heads, kv_heads, k, ctx_len, d, seed=k, device="cuda")
     assert_error_rule(case, dtype, causal, num_splits, compiled[1])
+
+
+def test_verify_kernel_rejects_zero_draft_probability(interpreted):
+    logits = torch.zeros(2, 2, 48)
+    logits[:, :, :2] = 4.0
+    sampling = SamplingBatch.from_params([SamplingParams(temperature=1.0, top_k=2)] * 2)
+    draft_probs = torch.zeros(2, 1, 48)
+    draft_probs[:, 0, :2] = 0.5
+    noise = VerifyNoise.for_chain(5, torch.arange(2), torch.zeros(2, dtype=torch.int64), 1, 48)
+    expected = assert_same_verify((logits, torch.tensor([[40], [1]]), sampling, noise, draft_probs, None),
+                                  interpreted[0], block_v=16)
+    assert expected.accepted_len[0] == 0  # q = 0 = p: rejected by both implementations

@@ -36,7 +36,10 @@ def test_loss_falls_on_predictable_text(tmp_path):
     untrained = train_drafter(target, config, stream, TrainConfig(steps=1, lr=1e-9, warmup_steps=0), tmp_path / "u", progress=False)
     trained = train_drafter(target, config, stream, TrainConfig(steps=60, batch_size=4, seq_len=32, anchors_per_seq=4,
                                                                 lr=1e-2, warmup_steps=2), tmp_path / "t", progress=False)
+    positions = torch.arange(32).expand(2, -1)
     with torch.no_grad():
-        before = drafter_loss(untrained, target, tokens, anchors, 7.0).item()
-        after = drafter_loss(trained, target, tokens, anchors, 7.0).item()
+        _, features = target.forward(tokens, positions, torch.ones_like(tokens, dtype=torch.bool), target.new_cache(),
+                                     config.target_layer_ids)
+        before = drafter_loss(untrained, features, tokens, anchors, 7.0).item()
+        after = drafter_loss(trained, features, tokens, anchors, 7.0).item()
     assert after < 0.9 * before  # untrained ~ln(V); a broken gradient path would stay there

@@ -85,3 +85,15 @@ def test_nan_logits_are_refused():
 def test_wrong_logits_shape_is_refused():
     with pytest.raises(ValueError, match="score the anchor and every draft token"):
         verify(torch.zeros(1, 2, 5), torch.zeros(1, 2, dtype=torch.int64), _batch(GREEDY, 1), _noise(1, 2, 5))
+
+
+def test_draft_with_zero_draft_probability_is_rejected():
+    """q(d) = 0 and p(d) = 0 (top-k 2 cut d out of both): u * q <= p holds, yet d must never be accepted."""
+    logits = torch.zeros(1, 2, 6)
+    logits[0, :, :2] = 4.0  # top-k 2 keeps {0, 1}; token 5 has p = 0
+    draft_probs = torch.zeros(1, 1, 6)
+    draft_probs[0, 0, :2] = 0.5  # the drafter's own q gives token 5 zero mass too
+    for seed in range(20):
+        out = verify(logits, torch.tensor([[5]]), _batch(SamplingParams(temperature=1.0, top_k=2), 1),
+                     _noise(1, 1, 6, seed), draft_probs=draft_probs)
+        assert out.accepted_len.item() == 0 and out.next_token.item() in (0, 1)

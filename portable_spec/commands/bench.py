@@ -6,8 +6,6 @@ Both are imported when run, so building the CLI imports neither triton nor the k
 from __future__ import annotations
 
 import argparse
-import importlib
-from types import ModuleType
 
 BENCHES = ("decode", "kernels")
 
@@ -18,9 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel-repeats", type=int, default=5, help="kernels on CPU: timed runs per torch twin.")
     parser.add_argument("--interpret", action="store_true",
                         help="kernels on CPU: also check the kernels in Triton's interpreter (correctness, not time).")
-    decode = _decode_module()
-    if decode is not None and hasattr(decode, "add_decode_arguments"):
-        decode.add_decode_arguments(parser)  # the decode bench's own options
+    from ..bench_decode import add_decode_arguments
+
+    add_decode_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,18 +26,6 @@ def run(args: argparse.Namespace) -> int:
         from kernels.bench import run_kernel_bench
 
         return run_kernel_bench(repeats=args.kernel_repeats, interpret=args.interpret)
-    decode = _decode_module()
-    if decode is None:
-        print("bench decode: portable_spec.bench_decode is not in this checkout yet (it provides "
-              "run_decode_bench(args)); `portable-spec bench kernels` works now")
-        return 2
-    return int(decode.run_decode_bench(args) or 0)
+    from ..bench_decode import run_decode_bench
 
-
-def _decode_module() -> ModuleType | None:
-    try:
-        return importlib.import_module("portable_spec.bench_decode")
-    except ModuleNotFoundError as error:
-        if error.name != "portable_spec.bench_decode":
-            raise
-        return None
+    return int(run_decode_bench(args) or 0)

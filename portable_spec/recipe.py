@@ -1,0 +1,149 @@
+"""The drafter training recipe for any HF causal LM, stage by stage, each resumable in one work directory:
+
+prompts (ShareGPT-style, train split) -> the target's greedy replies -> cached target features -> draft vocabulary
+-> drafter training (curve logged as JSON lines) -> checkpoint. `portable-spec train` runs it; the shipped
+SmolLM2 drafters were made with it (see portable_spec/assets/smollm2/RECIPE.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .distill_data import Generator, generate_replies, load_sequences
+from .feature_cache import FeatureDataset, cache_features
+from .prompts import chat_prompt_split, read_prompts, write_prompts
+from .spec import DrafterConfig, SpecError
+from .target import TargetModel
+from .train import TrainConfig, drafter_config_for, train_loop
+
+
+def dflash_target_layer_ids(num_target_layers: int, num_feature_layers: int) -> list[int]:
+    """DFlash's choice (z-lab/dflash build_target_layer_ids): spread evenly over [1, L - 3]; the middle for one."""
+    if num_feature_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [int(round(start + i * (end - start) / (num_feature_layers - 1))) for i in range(num_feature_layers)]
+
+
+def mask_token_for(tokenizer, embedding_rows: int) -> int:
+    """The tokenizer's mask token; else, as DFlash checkpoints for Qwen do, the first embedding row no token uses;
+    else (a tokenizer that fills its embedding, as SmolLM2's) its unknown / <|endoftext|> token, rare in chat data."""
+    if tokenizer.mask_token_id is not None:
+        return int(tokenizer.mask_token_id)
+    if len(tokenizer) < embedding_rows:
+        return len(tokenizer)
+    for token_id in (tokenizer.unk_token_id, tokenizer.bos_token_id):
+        if token_id is not None:
+            return int(token_id)
+    raise SpecError("the tokenizer has no mask, unknown or BOS token and no spare embedding row; "
+                    "pass --mask-token-id with a token id that never appears in replies")
+
+
+def frequent_tokens(data_dir: Path, size: int, always: list[int]) -> torch.Tensor:
+    """The `size` most frequent reply tokens (plus `always`, e.g. EOS), sorted: EAGLE-3's draft vocabulary."""
+    sequences = load_sequences(data_dir)
+    counts: Counter[int] = Counter()
+    for index in range(len(sequences)):
+        counts.update(sequences.sequence(index)[int(sequences.prompt_lens[index]):].tolist())
+    chosen = [t for t in always if t is not None]
+    for token, _ in counts.most_common():
+        if len(chosen) >= size:
+            break
+        if token not in chosen:
+            chosen.append(token)
+    fill = 0
+    while len(chosen) < size:  # a tiny data set: pad with unused ids so the size is what was asked
+        if fill not in chosen:
+            chosen.append(fill)
+        fill += 1
+    return torch.tensor(sorted(chosen), dtype=torch.int64)
+
+
+@dataclass
+class RecipeConfig:
+    """Data and model choices of one training run (train hyper-parameters live in TrainConfig)."""
+
+    kind: str
+    block_size: int = 16
+    num_hidden_layers: int = 2
+    intermediate_size: int | None = None
+    target_layer_ids: list[int] | None = None
+    draft_vocab_size: int | None = 8192
+    mask_token_id: int | None = None
+    num_prompts: int = 2000
+    heldout_prompts: int = 256
+    max_prompt_tokens: int = 256
+    max_new_tokens: int = 256
+    generator: Generator = "auto"
+
+
+def prepare_prompts(tokenizer, data_path: Path, work_dir: Path, recipe: RecipeConfig) -> list[list[int]]:
+    """Train prompts (cached in work_dir); the held-out split is written beside them for benchmarks."""
+    train_file, heldout_file = work_dir / "train_prompts.json", work_dir / "heldout_prompts.json"
+    if not train_file.exists():
+        train, heldout = chat_prompt_split(tokenizer, data_path, recipe.max_prompt_tokens, recipe.num_prompts,
+                                           recipe.heldout_prompts)
+        write_prompts(heldout_file, heldout)
+        write_prompts(train_file, train)
+    return [p["ids"] for p in read_prompts(train_file)][: recipe.num_prompts]
+
+
+def build_config(target: TargetModel, tokenizer, recipe: RecipeConfig, model_id: str) -> DrafterConfig:
+    layer_ids = recipe.target_layer_ids or dflash_target_layer_ids(
+        target.config.num_hidden_layers, recipe.num_hidden_layers)
+    rows = target.model.get_input_embeddings().weight.shape[0]
+    mask = recipe.mask_token_id if recipe.mask_token_id is not None else mask_token_for(tokenizer, rows)
+    return drafter_config_for(
+        target, kind=recipe.kind, block_size=recipe.block_size, num_hidden_layers=recipe.num_hidden_layers,
+        target_layer_ids=layer_ids, mask_token_id=mask, intermediate_size=recipe.intermediate_size,
+        draft_vocab_size=recipe.draft_vocab_size, model_id=model_id,
+    )
+
+
+STAGES = ("prompts", "replies", "features", "train")
+
+
+def run_recipe(target: TargetModel, tokenizer, target_dir: Path, data_path: Path, work_dir: Path, out_dir: Path,
+               recipe: RecipeConfig, train: TrainConfig, model_id: str, progress: bool = True,
+               until: str = "train") -> Path | None:
+    """Every stage in order up to `until`; a rerun with the same work_dir skips what is done and resumes training."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    prompts = prepare_prompts(tokenizer, data_path, work_dir, recipe)
+    if until == "prompts":
+        return None
+    data_dir = generate_replies(target_dir, prompts, work_dir / "data", max_new_tokens=recipe.max_new_tokens,
+                                generator=recipe.generator, device=str(target.device), dtype=target.model.dtype)
+    if until == "replies":
+        return None
+    config = build_config(target, tokenizer, recipe, model_id)
+    cache_features(target, data_dir, config.target_layer_ids)
+    if until == "features":
+        return None
+    dataset = FeatureDataset.load(data_dir, config.target_layer_ids, target.fingerprint)
+    vocab = None
+    if config.draft_vocab_size is not None:
+        vocab = frequent_tokens(data_dir, config.draft_vocab_size, [tokenizer.eos_token_id])
+    usable = dataset.trainable(config.block_size, train.seq_len)
+    if not usable:
+        raise SpecError(f"{data_dir}: no reply is longer than block_size={config.block_size}; "
+                        "raise max_new_tokens or lower block_size")
+    log_file = work_dir / f"{out_dir.name}-loss.jsonl"
+
+    def draw(generator: torch.Generator):
+        picks = torch.randint(0, len(usable), (train.batch_size,), generator=generator).tolist()
+        batch = dataset.batch([usable[i] for i in picks], config.block_size, train.anchors_per_seq, train.seq_len,
+                              generator)
+        return tuple(t.to(target.device) for t in batch)
+
+    def log(step: int, loss: float) -> None:
+        with open(log_file, "a") as handle:
+            handle.write(json.dumps({"step": step, "loss": round(loss, 5)}) + "\n")
+
+    train_loop(target, config, draw, train, out_dir, work_dir / f"state-{out_dir.name}", progress,
+               draft_vocab=vocab, log=log)
+    return out_dir
