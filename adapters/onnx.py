@@ -14,6 +14,7 @@ import torch
 
 from portable_spec.backends import Backend, ReferenceBackend
 from portable_spec.decode import SpeculativeDecoder
+from portable_spec.drafter import greedy_with_probability
 from portable_spec.spec import DrafterConfig, SpecError
 from portable_spec.target import TargetModel
 from portable_spec.variants import behaviour_of
@@ -88,6 +89,9 @@ class OnnxProposer:
         return OnnxContext(state.features[:, :length], state.positions[:, :length])
 
     def propose(self, state: OnnxContext, valid, anchor_tokens, anchor_positions, num_drafts) -> torch.Tensor:
+        return self.propose_scored(state, valid, anchor_tokens, anchor_positions, num_drafts)[0]
+
+    def propose_scored(self, state: OnnxContext, valid, anchor_tokens, anchor_positions, num_drafts):
         self.config.check_num_draft_tokens(num_drafts)
         k = self.config.block_size
         block = torch.full((anchor_tokens.shape[0], 1, k), self.config.mask_token_id, dtype=torch.int64)
@@ -95,11 +99,15 @@ class OnnxProposer:
         positions = anchor_positions.cpu()[:, None, None] + torch.arange(k)
         run = lambda ids: self.graph.block_logits(state.features, state.positions, valid, ids, positions)  # noqa: E731
         if not self.behaviour.autoregressive:
-            return run(block)[:, 0, 1 : num_drafts + 1].argmax(dim=-1).to(anchor_tokens.device)
+            tokens, probability = greedy_with_probability(run(block)[:, 0, 1 : num_drafts + 1])
+            return tokens.to(anchor_tokens.device), probability.to(anchor_tokens.device)
         # One pass per draft on the fixed-k graph: causal, so the unfilled tail never reaches slot i.
+        probabilities = []
         for i in range(num_drafts):
-            block[:, 0, i + 1] = run(block)[:, 0, i].argmax(dim=-1)
-        return block[:, 0, 1 : num_drafts + 1].to(anchor_tokens.device)
+            token, probability = greedy_with_probability(run(block)[:, 0, i : i + 1])
+            block[:, 0, i + 1] = token[:, 0]
+            probabilities.append(probability)
+        return block[:, 0, 1 : num_drafts + 1].to(anchor_tokens.device), torch.cat(probabilities, 1).to(anchor_tokens.device)
 
     def passes_per_round(self, num_drafts: int) -> int:
         return num_drafts if self.behaviour.autoregressive else 1

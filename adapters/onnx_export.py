@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from portable_spec.checkpoint import write_dir_atomically
+from portable_spec.checkpoint import check_output_dir, write_dir_atomically
 from portable_spec.drafter import Drafter
 from portable_spec.spec import DrafterConfig, SpecError, parse_config, read_config
 from portable_spec.target import TargetModel
@@ -175,7 +175,8 @@ def export_bound_drafter(target: TargetModel, drafter: Drafter, out_dir: Path, o
     check_opset(opset)
     check_block_size(block_size, drafter.config)
     bound = bind_for_export(target, drafter)
-    return write_dir_atomically(Path(out_dir), lambda tmp: write_graph_files(tmp, bound, opset, verify))
+    return write_dir_atomically(Path(out_dir), lambda tmp: write_graph_files(tmp, bound, opset, verify),
+                                kind="onnx-export")
 
 
 def bind_for_export(target: TargetModel, drafter: Drafter) -> BoundDrafter:
@@ -260,5 +261,6 @@ def export_onnx(drafter_dir: Path, target_dir: Path, out_dir: Path, opset: int =
     """`portable-spec export onnx`: cheap checks first (opset, block size), then load, bind and export."""
     check_opset(opset)
     check_block_size(block_size, read_config(Path(drafter_dir)))
+    check_output_dir(Path(out_dir), "onnx-export")  # before loading models; refuses OUT == the drafter or target
     target = TargetModel.load(target_dir)
     return export_bound_drafter(target, target.load_drafter(drafter_dir), out_dir, opset, block_size, verify)

@@ -24,7 +24,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors.torch import save_file
 
-from portable_spec.checkpoint import write_dir_atomically
+from portable_spec.checkpoint import check_output_dir, write_dir_atomically
 from portable_spec.drafter import Drafter
 from portable_spec.spec import SpecError, read_config
 from portable_spec.target import TargetModel
@@ -247,7 +247,7 @@ def export_for_trtllm(target: TargetModel, drafter: Drafter, out_dir: Path, requ
                     "target_layer_ids": list(config.target_layer_ids), **details}
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
 
-    return write_dir_atomically(out_dir, write)
+    return write_dir_atomically(out_dir, write, kind="trtllm-export")
 
 
 def export_trtllm(drafter_dir: Path, target_dir: Path, out_dir: Path, request: ExportRequest,
@@ -256,6 +256,7 @@ def export_trtllm(drafter_dir: Path, target_dir: Path, out_dir: Path, request: E
     config = read_config(Path(drafter_dir))
     check_block_size(block_size, config)
     check_request(config.kind, config.block_size, request)
+    check_output_dir(Path(out_dir), "trtllm-export")  # before loading models; refuses OUT == the target or drafter
     target = TargetModel.load(target_dir)
     return export_for_trtllm(target, target.load_drafter(drafter_dir), out_dir, request, block_size)
 

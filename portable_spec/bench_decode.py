@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from .bench_setup import TARGET_CHOICES, load_setup, param_count
-from .evaluate import ComparisonRow, compare, format_table
+from .evaluate import ComparisonRow, compare, format_table, grid
 from .spec import SpecError
 
 BLOCK_SIZES = (4, 8, 16)
@@ -26,6 +26,9 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES))
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--draft-confidence", type=float, default=0.3,
+                        help="Also run every drafter at the largest block with rounds cut to the draft prefix it is "
+                             "this confident in; 0 skips those rows.")
     parser.add_argument("--out", type=Path, default=None,
                         help="Directory for benchmarks.md/.json/.png (only those files are written or replaced).")
 
@@ -47,8 +50,9 @@ def plot(rows: list[ComparisonRow], path: Path) -> None:
             if batch == batches[0]:
                 axes[1].plot(blocks, [r.acceptance_length for r in mine], marker="o", label=kind)
                 longest = max(mine, key=lambda r: r.num_draft_tokens)
-                axes[2].plot(range(1, longest.num_draft_tokens + 1), longest.acceptance_by_position, marker=".",
-                             label=f"{kind} (block {longest.num_draft_tokens + 1})")
+                if longest.acceptance_by_position:  # rows cut by confidence have no per-position curve
+                    axes[2].plot(range(1, longest.num_draft_tokens + 1), longest.acceptance_by_position, marker=".",
+                                 label=f"{kind} (block {longest.num_draft_tokens + 1})")
     for baseline in [r for r in rows if not r.drafter_params and r.batch_size == 1 and r.speedup != 1.0]:
         axes[0].axhline(baseline.speedup, linestyle=":", linewidth=1, color="black")
         axes[0].annotate(baseline.drafter, (min(r.num_draft_tokens + 1 for r in rows if r.drafter_params),
@@ -77,6 +81,8 @@ def _check_args(args: argparse.Namespace) -> None:
     for name in ("prompts", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be at least 1")
+    if not 0 <= args.draft_confidence < 1:
+        raise SpecError(f"--draft-confidence={args.draft_confidence}: use a probability in [0, 1); 0 skips the cut rows")
     for block in args.block_sizes:
         if block < 2:
             raise SpecError(f"--block-sizes {block}: a block needs the anchor and at least one draft (>= 2)")
@@ -93,9 +99,12 @@ def run_decode_bench(args: argparse.Namespace) -> int:
     setup = load_setup(args.target)
     prompts = setup.prompts[: args.prompts]
     rows: list[ComparisonRow] = []
+    jobs = grid(setup.drafters, [b - 1 for b in args.block_sizes])
+    if args.draft_confidence:
+        jobs += grid(setup.drafters, [max(args.block_sizes) - 1], args.draft_confidence)
     for batch in args.batch_sizes:
-        rows += compare(setup.target, setup.drafters, prompts, [b - 1 for b in args.block_sizes],
-                        args.max_new_tokens, batch, stop_token_ids=setup.stop_token_ids, hf_baselines=batch == 1)
+        rows += compare(setup.target, jobs, prompts, args.max_new_tokens, batch,
+                        stop_token_ids=setup.stop_token_ids, hf_baselines=batch == 1)
     header = (f"{setup.describe}, {param_count(setup.target):.1f}M params: {len(prompts)} prompts x up to "
               f"{args.max_new_tokens} new tokens, greedy, batch sizes {args.batch_sizes}, "
               f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}; all rows measured in one run.")

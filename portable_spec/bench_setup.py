@@ -21,6 +21,8 @@ class BenchSetup:
     prompts: list[list[int]]
     stop_token_ids: tuple[int, ...]
     describe: str
+    default_num_drafts: int = 7
+    default_confidence: float = 0.0
 
 
 def load_setup(which: str, kinds: list[str] = list(VARIANT_KINDS)) -> BenchSetup:

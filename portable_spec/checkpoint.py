@@ -17,26 +17,76 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
-def write_dir_atomically(out_dir: Path, write: "callable[[Path], None]") -> Path:
-    """Run `write(tmp_dir)`, then rename tmp_dir to out_dir; on any error nothing is left at out_dir."""
+OUTPUT_MARKER = ".portable-spec-output"  # names what kind of output a directory holds; only that kind replaces it
+
+
+def _previous_output_kind(out_dir: Path) -> str | None:
+    marker = out_dir / OUTPUT_MARKER
+    if marker.is_file():
+        return marker.read_text().strip()
+    config = out_dir / CONFIG_FILE  # checkpoints written before the marker existed
+    if config.is_file():
+        try:
+            data = json.loads(config.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+        if isinstance(data, dict) and "variant" in data and "format_version" in data:
+            return "drafter"
+    return None
+
+
+def check_output_dir(out_dir: Path, kind: str) -> None:
+    """Refuse, before any work, an output path that would destroy what this program did not write: a file, or a
+    non-empty directory that holds no previous output of the same kind (e.g. the drafter or target passed as input)."""
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise SpecError(f"output {out_dir} is a file; pass a directory path (nothing was changed)")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        found = _previous_output_kind(out_dir)
+        if found != kind:
+            held = f"a portable-spec {found} output" if found else "files portable-spec did not write"
+            raise SpecError(f"output {out_dir} is not empty and holds {held}, not a previous {kind} output; "
+                            "pass a new or empty directory (nothing was changed)")
+    parent = out_dir.parent if out_dir.parent != Path("") else Path(".")
+    probe = parent
+    while not probe.exists():
+        probe = probe.parent
+    if not os.access(probe, os.W_OK):
+        raise SpecError(f"output {out_dir}: {probe} is not writable; pass a directory you can write to")
+
+
+def write_dir_atomically(out_dir: Path, write: "callable[[Path], None]", kind: str = "drafter") -> Path:
+    """Run `write(tmp_dir)`, then rename tmp_dir to out_dir; on any error nothing is left at out_dir and a replaced
+    previous output is restored. Only an empty directory or a previous output of the same `kind` is replaced."""
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir, kind)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         write(tmp_dir)
+        (tmp_dir / OUTPUT_MARKER).write_text(kind + "\n")
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp_dir, 0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint should read like any directory
-        if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
-            os.replace(out_dir, old)
-            os.replace(tmp_dir, out_dir)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp_dir, out_dir)
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
+    if not out_dir.exists():
+        try:
+            os.replace(tmp_dir, out_dir)
+        except BaseException:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            raise
+        return out_dir
+    old = out_dir.with_name(f".{out_dir.name}.old-{os.getpid()}")
+    os.replace(out_dir, old)
+    try:
+        os.replace(tmp_dir, out_dir)
+    except BaseException as error:
+        os.replace(old, out_dir)  # put the previous output back
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise SpecError(f"could not replace {out_dir} ({error}); its previous contents were restored") from error
+    shutil.rmtree(old)
     return out_dir
 
 

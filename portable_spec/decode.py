@@ -29,6 +29,9 @@ class GenerationConfig(BaseModel):
     max_new_tokens: int = Field(64, ge=1, description="Tokens to generate per request, at most.")
     num_draft_tokens: int = Field(7, ge=1, description="Draft tokens per round (block_size - 1 at most).")
     stop_token_ids: tuple[int, ...] = Field((), description="Generation ends after emitting any of these.")
+    draft_confidence: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Verify only the draft prefix whose drafter probabilities multiply to at "
+        "least this (at least one draft); 0 verifies every draft. Lossless for any value: verification is unchanged.")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     seed: int = Field(0, ge=0, lt=2**64, description="Keys the counter-based noise with each request id.")
 
@@ -38,6 +41,7 @@ class DecodeStats:
     rounds: int = 0  # target verification passes (excluding prefill)
     drafter_passes: int = 0
     emitted_per_round: list[int] = field(default_factory=list)  # accepted + 1, per active request per round
+    drafts_verified: int = 0  # draft slots the target scored, over active requests (< rounds x n when cut)
     seconds: float = 0.0
 
     @property
@@ -129,25 +133,28 @@ class SpeculativeDecoder:
         active = torch.tensor([not self._finish(out, config) for out in outputs], device=device)
 
         while bool(active.any()):
-            drafts = empty
+            drafts, round_drafts = empty, None
             if proposer is not None:
-                drafts = proposer.propose(context, layout.valid, anchor, anchor_pos, num_drafts)
+                drafts, round_drafts = self._propose(proposer, context, layout.valid, anchor, anchor_pos, num_drafts,
+                                                     config.draft_confidence)
                 stats.drafter_passes += proposer.passes_per_round(num_drafts)
+            n = drafts.shape[1]
             chain = torch.cat((anchor[:, None], drafts), dim=1)  # [B, n+1]
-            chain_pos = anchor_pos[:, None] + torch.arange(num_drafts + 1, device=device)
+            chain_pos = anchor_pos[:, None] + torch.arange(n + 1, device=device)
             mask = torch.cat((layout.valid, torch.ones_like(chain, dtype=torch.bool)), dim=1)
             logits, features = self.target.forward(chain, chain_pos, mask, cache, self.layer_ids)
             stats.rounds += 1
-            noise = self._noise(config, request_ids, anchor_pos + 1, num_drafts, logits.shape[-1])
-            result = verify_op(logits, drafts, sampling, noise)
+            noise = self._noise(config, request_ids, anchor_pos + 1, n, logits.shape[-1])
+            result = verify_op(logits, drafts, sampling, noise, None, round_drafts)
 
-            kept = torch.arange(num_drafts + 1, device=device) <= result.accepted_len[:, None]
+            kept = torch.arange(n + 1, device=device) <= result.accepted_len[:, None]
             layout.append(kept & active[:, None], chain_pos)
             if proposer is not None:
                 context = proposer.extend(context, features, chain_pos)
             for row in active.nonzero()[:, 0].tolist():
                 accepted = int(result.accepted_len[row])
                 stats.emitted_per_round.append(accepted + 1)
+                stats.drafts_verified += int(round_drafts[row]) if round_drafts is not None else n
                 outputs[row].extend(result.output_tokens[row, : accepted + 1].tolist())
                 active[row] = not self._finish(outputs[row], config)
             anchor, anchor_pos = result.next_token, anchor_pos + result.accepted_len + 1
@@ -161,6 +168,16 @@ class SpeculativeDecoder:
 
         stats.seconds = time.perf_counter() - start
         return GenerationOutput(tokens=outputs, stats=stats)
+
+    @staticmethod
+    def _propose(proposer, context, valid, anchor, anchor_pos, num_drafts: int, confidence: float):
+        """Drafts [B, n] and, when cut by confidence, each row's draft count [B] (n = the longest row's)."""
+        if confidence == 0:
+            return proposer.propose(context, valid, anchor, anchor_pos, num_drafts), None
+        drafts, probability = proposer.propose_scored(context, valid, anchor, anchor_pos, num_drafts)
+        confident = probability.cumprod(dim=1) >= confidence  # [B, n]
+        per_row = confident.to(torch.int64).cumprod(dim=1).sum(dim=1).clamp(min=1)  # at least one draft
+        return drafts[:, : int(per_row.max())], per_row
 
     @staticmethod
     def _noise(config: GenerationConfig, request_ids, first_positions, num_drafts: int, vocab: int) -> VerifyNoise:

@@ -141,6 +141,11 @@ class Drafter(nn.Module):
         context_valid: torch.Tensor,  # [B, T] bool
         num_drafts: int,
     ) -> torch.Tensor:  # draft_tokens [B, num_drafts], greedy
+        return self.propose_scored(anchor_tokens, anchor_positions, context, context_valid, num_drafts)[0]
+
+    @torch.no_grad()
+    def propose_scored(self, anchor_tokens, anchor_positions, context, context_valid, num_drafts):
+        """Greedy drafts [B, n] and the drafter's own probability of each [B, n] (for confidence-cut rounds)."""
         self.config.check_num_draft_tokens(num_drafts)
         if self.behaviour.autoregressive:
             return self._propose_autoregressive(anchor_tokens, anchor_positions, context, context_valid, num_drafts)
@@ -148,15 +153,18 @@ class Drafter(nn.Module):
         k = num_drafts + 1 if self.behaviour.block_causal else self.config.block_size
         block = torch.full((anchor_tokens.shape[0], 1, k), self.config.mask_token_id, device=anchor_tokens.device)
         block[:, 0, 0] = anchor_tokens
-        logits = self._single_block(block, anchor_positions, context, context_valid)
-        return logits[:, 0, 1 : num_drafts + 1].argmax(dim=-1)
+        logits = self._single_block(block, anchor_positions, context, context_valid)[:, 0, 1 : num_drafts + 1]
+        return greedy_with_probability(logits)
 
     def _propose_autoregressive(self, anchor_tokens, anchor_positions, context, context_valid, num_drafts):
         tokens = anchor_tokens[:, None, None]  # [B, 1, t]
+        probabilities = []
         for _ in range(num_drafts):
             logits = self._single_block(tokens, anchor_positions, context, context_valid)
-            tokens = torch.cat((tokens, logits[:, :, -1:].argmax(dim=-1)), dim=-1)
-        return tokens[:, 0, 1:]
+            token, probability = greedy_with_probability(logits[:, 0, -1:])
+            tokens = torch.cat((tokens, token[:, None]), dim=-1)
+            probabilities.append(probability)
+        return tokens[:, 0, 1:], torch.cat(probabilities, dim=1)
 
     def _single_block(self, block_ids, anchor_positions, context, context_valid):
         k = block_ids.shape[-1]
@@ -167,6 +175,12 @@ class Drafter(nn.Module):
     # -- persistence -----------------------------------------------------------------------------
     def save(self, out_dir: Path) -> Path:
         return save_drafter(out_dir, self.config, self.state_dict())
+
+
+def greedy_with_probability(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, n, V] -> (argmax [B, n], its softmax probability [B, n])."""
+    tokens = logits.argmax(dim=-1)
+    return tokens, logits.float().softmax(dim=-1).gather(-1, tokens[..., None])[..., 0]
 
 
 def load_drafter(ckpt_dir: Path, shared: SharedTargetModules | None = None, dtype=torch.float32) -> Drafter:

@@ -20,6 +20,22 @@ from .target import TargetModel
 PLAIN = "plain greedy (same loop, no drafter)"
 
 
+@dataclass(frozen=True)
+class DecodeJob:
+    """One row of a comparison: a drafter (None = plain greedy), its draft tokens per round and confidence cut."""
+
+    name: str
+    drafter: Drafter | None
+    num_draft_tokens: int
+    draft_confidence: float = 0.0
+
+
+def grid(drafters: dict[str, Drafter], num_draft_tokens: list[int], draft_confidence: float = 0.0) -> list[DecodeJob]:
+    suffix = f" (cut < {draft_confidence:g})" if draft_confidence else ""
+    return [DecodeJob(name + suffix, drafter, n, draft_confidence)
+            for name, drafter in drafters.items() for n in num_draft_tokens]
+
+
 @dataclass
 class ComparisonRow:
     drafter: str
@@ -34,6 +50,7 @@ class ComparisonRow:
     batch_size: int = 1
     # P(draft slot i accepted | slots < i accepted), i = 1..num_draft_tokens
     acceptance_by_position: list[float] = field(default_factory=list)
+    drafts_verified_per_round: float = 0.0  # < num_draft_tokens when rounds are cut by confidence
 
 
 def acceptance_by_position(emitted_per_round: list[int], num_drafts: int) -> list[float]:
@@ -47,21 +64,21 @@ def acceptance_by_position(emitted_per_round: list[int], num_drafts: int) -> lis
 
 
 def _run(decoder: SpeculativeDecoder, prompts, config: GenerationConfig, batch_size: int):
-    tokens, rounds, drafter_passes, seconds, emitted = [], 0, 0, 0.0, []
+    tokens, rounds, drafter_passes, seconds, emitted, verified = [], 0, 0, 0.0, [], 0
     for start in range(0, len(prompts), batch_size):
         out = decoder.generate(prompts[start : start + batch_size], config)
         tokens += out.tokens
         rounds, drafter_passes = rounds + out.stats.rounds, drafter_passes + out.stats.drafter_passes
         seconds += out.stats.seconds
         emitted += out.stats.emitted_per_round
-    return tokens, rounds, drafter_passes, seconds, emitted
+        verified += out.stats.drafts_verified
+    return tokens, rounds, drafter_passes, seconds, emitted, verified
 
 
 def compare(
     target: TargetModel,
-    drafters: dict[str, Drafter],
+    jobs: list[DecodeJob],
     prompts: list[list[int]],
-    num_draft_tokens: list[int],
     max_new_tokens: int = 64,
     batch_size: int = 1,
     progress: bool = True,
@@ -69,29 +86,32 @@ def compare(
     hf_baselines: bool = False,
     prompt_lookup_num_tokens: int = 10,
 ) -> list[ComparisonRow]:
-    """Plain greedy first (the reference output), then every (drafter, num_draft_tokens) pair, then the HF
-    baselines (batch 1, as HF's assisted generation requires)."""
+    """Plain greedy first (the reference output), then every job, then the HF baselines (batch 1, as HF's
+    assisted generation requires)."""
     base = GenerationConfig(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
-    jobs = [(PLAIN, None, 0)] + [(name, drafter, n) for name, drafter in drafters.items() for n in num_draft_tokens]
     rows, reference, reference_tps = [], None, None
-    for name, drafter, n in tqdm(jobs, desc="decode", disable=not progress):
-        config = base.model_copy(update={"num_draft_tokens": max(n, 1)})
+    for job in tqdm([DecodeJob(PLAIN, None, 0)] + jobs, desc="decode", disable=not progress):
+        config = base.model_copy(update={"num_draft_tokens": max(job.num_draft_tokens, 1),
+                                         "draft_confidence": job.draft_confidence})
         with torch.inference_mode():
-            tokens, rounds, drafter_passes, seconds, emitted = _run(
-                SpeculativeDecoder(target, drafter), prompts, config, batch_size
+            tokens, rounds, drafter_passes, seconds, emitted, verified = _run(
+                SpeculativeDecoder(target, job.drafter), prompts, config, batch_size
             )
         generated = sum(len(t) for t in tokens)
         tps = generated / seconds
         if reference is None:
             reference, reference_tps = tokens, tps
+        n = job.num_draft_tokens
         rows.append(ComparisonRow(
-            drafter=name, num_draft_tokens=n,
+            drafter=job.name, num_draft_tokens=n,
             acceptance_length=sum(emitted) / len(emitted),
             target_passes_per_token=(rounds + len(prompts)) / generated,
             drafter_passes_per_token=drafter_passes / generated,
             tokens_per_second=tps, speedup=tps / reference_tps, matches_autoregressive=tokens == reference,
-            drafter_params=sum(p.numel() for p in drafter.parameters()) if drafter is not None else 0,
-            batch_size=batch_size, acceptance_by_position=acceptance_by_position(emitted, n) if n else [],
+            drafter_params=sum(p.numel() for p in job.drafter.parameters()) if job.drafter is not None else 0,
+            batch_size=batch_size, acceptance_by_position=(
+                acceptance_by_position(emitted, n) if n and not job.draft_confidence else []),
+            drafts_verified_per_round=verified / len(emitted),
         ))
     if hf_baselines:
         for lookup in (None, prompt_lookup_num_tokens):
@@ -106,15 +126,16 @@ def compare(
 
 
 def format_table(rows: list[ComparisonRow]) -> str:
-    header = ("| decoding | drafter params | draft tokens | tau | target passes/token | drafter passes/token | "
-              "tokens/s | speedup vs plain | output == plain greedy |")
-    lines = [header, "|" + "---|" * 9]
+    header = ("| decoding | batch | drafter params | draft tokens | verified/round | tau | target passes/token | "
+              "drafter passes/token | tokens/s | speedup vs plain | output == plain greedy |")
+    lines = [header, "|" + "---|" * 11]
     for r in rows:
         tau = "n/a" if math.isnan(r.acceptance_length) else f"{r.acceptance_length:.2f}"
         passes = "n/a" if math.isnan(r.target_passes_per_token) else f"{r.target_passes_per_token:.3f}"
         params = f"{r.drafter_params / 1e6:.2f}M" if r.drafter_params else "-"
         lines.append(
-            f"| {r.drafter} | {params} | {r.num_draft_tokens} | {tau} | {passes} | "
+            f"| {r.drafter} | {r.batch_size} | {params} | {r.num_draft_tokens} | {r.drafts_verified_per_round:.2f} | "
+            f"{tau} | {passes} | "
             f"{r.drafter_passes_per_token:.3f} | {r.tokens_per_second:.1f} | {r.speedup:.2f}x | "
             f"{'yes' if r.matches_autoregressive else 'NO'} |"
         )

@@ -31,6 +31,11 @@ class DraftProposer(Protocol):
     ) -> torch.Tensor:
         """Greedy draft tokens [B, num_drafts] after each anchor, seeing only slots where valid [B, S]."""
 
+    def propose_scored(
+        self, state: Any, valid: torch.Tensor, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor, num_drafts: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As propose, plus the drafter's probability of each draft [B, num_drafts] (confidence-cut rounds)."""
+
     def passes_per_round(self, num_drafts: int) -> int:
         """Drafter forward passes one round costs (for stats)."""
 
@@ -54,6 +59,9 @@ class TorchProposer:
 
     def propose(self, state, valid, anchor_tokens, anchor_positions, num_drafts):
         return self.drafter.propose(anchor_tokens, anchor_positions, state, valid, num_drafts)
+
+    def propose_scored(self, state, valid, anchor_tokens, anchor_positions, num_drafts):
+        return self.drafter.propose_scored(anchor_tokens, anchor_positions, state, valid, num_drafts)
 
     def passes_per_round(self, num_drafts: int) -> int:
         return num_drafts if self.drafter.behaviour.autoregressive else 1

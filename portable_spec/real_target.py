@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .checkpoint import write_dir_atomically
+from .checkpoint import check_output_dir, write_dir_atomically
 from .spec import SpecError
 
 MANIFEST = "portable_spec_target.json"
@@ -122,7 +122,7 @@ def convert_gguf(gguf: Path, model_id: str, out_dir: Path) -> Path:
         (tmp / MANIFEST).write_text(json.dumps(
             {"model_id": model_id, "source": gguf.name, "source_sha256": source_sha, "files": files}, indent=1) + "\n")
 
-    write_dir_atomically(out_dir, write)
+    write_dir_atomically(out_dir, write, kind="target")
     steps.update()
     steps.close()
     return out_dir
@@ -135,9 +135,7 @@ def fetch_target(name: str, out_dir: Path | None = None) -> Path:
     out_dir = Path(out_dir) if out_dir is not None else cache_root() / "targets" / known.name
     if out_dir.exists() and _manifest_ok(out_dir, sha256_file(gguf)):
         return out_dir
-    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / MANIFEST).exists():
-        raise SpecError(f"{out_dir}: exists, is not empty and was not written by portable-spec; "
-                        "pass another --out or remove it")
+    check_output_dir(out_dir, "target")  # before minutes of conversion: never over what we did not write
     return convert_gguf(gguf, known.model_id, out_dir)
 
 

@@ -133,7 +133,7 @@ def _save_state(state_dir: Path, drafter: Drafter, optimizer: torch.optim.Optimi
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
         (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "param_groups": state["param_groups"]}))
 
-    write_dir_atomically(state_dir, write)
+    write_dir_atomically(state_dir, write, kind="training-state")
 
 
 def _load_state(state_dir: Path, target: TargetModel, optimizer_for) -> tuple[Drafter, torch.optim.Optimizer, int]:

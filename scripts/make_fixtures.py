@@ -71,7 +71,7 @@ def train_target(out: Path, tokenizer, stream: torch.Tensor, heldout: torch.Tens
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 
-    write_dir_atomically(out, write)
+    write_dir_atomically(out, write, kind="fixtures")
 
 
 def heldout_prompts(heldout: torch.Tensor, tokenizer, count: int = 64, length: int = 48) -> list[dict]:

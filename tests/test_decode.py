@@ -117,3 +117,4 @@ def test_bad_requests_fail_before_decoding(target):
         decoder.generate([[1, 9999]], GenerationConfig())
     with pytest.raises(SpecError, match="num_draft_tokens=5 does not fit block_size=4"):
         decoder.generate([[1]], GenerationConfig(num_draft_tokens=5))
+

@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     trtllm = formats.add_parser("trtllm", help="What TensorRT-LLM's build/load step consumes, per version.")
     for sub in (onnx, trtllm):
         sub.add_argument("drafter", help="Drafter checkpoint directory.")
-        sub.add_argument("out", help="Output directory (replaced atomically).")
+        sub.add_argument("out", help="Output directory: new, empty, or a previous export of the same kind (replaced atomically).")
         sub.add_argument("--target", required=True, help="Target model directory the drafter is bound to.")
         sub.add_argument("--block-size", help="Must equal the checkpoint's block_size ('dynamic' is refused).")
         sub.add_argument("--opset", type=int, default=17, help="ONNX opset, 14..20 (default 17).")

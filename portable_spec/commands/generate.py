@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", help="Drafter checkpoint; omit for autoregressive decoding.")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--num-draft-tokens", type=int, default=7)
+    parser.add_argument("--draft-confidence", type=float, default=0.0,
+                        help="Verify only the draft prefix the drafter is this confident in (0: all drafts).")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -29,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     drafter = target.load_drafter(args.drafter) if args.drafter else None
     config = GenerationConfig(
         max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, seed=args.seed,
+        draft_confidence=args.draft_confidence,
         stop_token_ids=(tokenizer.eos_token_id,),
         sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
     )
