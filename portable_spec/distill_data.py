@@ -149,7 +149,10 @@ def generate_replies(
         if changed:
             raise SpecError(f"{out_dir}: holds data made with other settings {changed} (was, now); "
                             "use another directory or the same settings")
-    meta_file.write_text(json.dumps({**meta, "target": Path(target_dir).name}, indent=1) + "\n")
+    else:  # written once, atomically: several training runs may share one data directory
+        tmp = meta_file.with_name(f".{meta_file.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({**meta, "target": Path(target_dir).name}, indent=1) + "\n")
+        os.replace(tmp, meta_file)
     shards = [(i, prompts[i * shard_size : (i + 1) * shard_size]) for i in range((len(prompts) + shard_size - 1) // shard_size)]
     todo = [(i, chunk) for i, chunk in shards if not _shard_done(out_dir / f"shard-{i:05d}.safetensors", chunk)]
     if not todo:

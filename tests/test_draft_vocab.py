@@ -99,3 +99,12 @@ def test_onnx_graph_of_a_reduced_vocabulary_drafter_matches_the_reference(tmp_pa
     actual = OnnxBackend().block_logits(tmp_path / "target", graph, *inputs)
     assert torch.equal(torch.isinf(actual), torch.isinf(expected))
     assert (actual[..., VOCAB_IDS] - expected[..., VOCAB_IDS]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_engine_adapters_refuse_a_reduced_vocabulary_in_one_line(target, engine):
+    import importlib
+
+    validate = importlib.import_module(f"adapters.{engine}.validate")
+    with pytest.raises(SpecError, match="draft_vocab_size=87: .*--draft-vocab-size 0"):
+        validate.check_servable(_drafter(target, "depth_causal").config, "ckpt")
