@@ -15,6 +15,7 @@ onnx = pytest.importorskip("onnx")
 
 from adapters.onnx import OnnxBackend, OnnxDrafterGraph, OnnxProposer  # noqa: E402
 from adapters.onnx_export import GRAPH_FILE, META_PREFIX, export_bound_drafter, export_onnx  # noqa: E402
+from portable_spec.checkpoint import OUTPUT_MARKER  # noqa: E402
 from portable_spec.backends import BACKENDS, ReferenceBackend, get_backend  # noqa: E402
 from portable_spec.cli import main  # noqa: E402
 from portable_spec.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
@@ -189,7 +190,8 @@ def test_cli_export_onnx(pairs, tmp_path, capsys):
     assert_no_output(tmp_path / "bad")
     assert main(["export", "onnx", str(drafter_dir), str(tmp_path / "ok"), "--target", str(target_dir)]) == 0
     assert "max abs logits error" in capsys.readouterr().out
-    assert {p.name for p in (tmp_path / "ok").iterdir()} == {"drafter.onnx", "config.json", "export.json"}
+    assert {p.name for p in (tmp_path / "ok").iterdir()} == {"drafter.onnx", "config.json", "export.json",
+                                                         OUTPUT_MARKER}
 
 
 def test_registered_and_available():

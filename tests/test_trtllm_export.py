@@ -14,6 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from portable_spec.checkpoint import OUTPUT_MARKER
+
 pytest.importorskip("onnxruntime")
 
 from adapters.onnx import OnnxDrafterGraph  # noqa: E402
@@ -174,4 +176,5 @@ def test_cli_export_trtllm(pairs, tmp_path, capsys):
     args = ["export", "trtllm", str(drafter_dir), str(tmp_path / "out"), "--target", str(target_dir)]
     assert main(args + ["--trtllm-version", "1.3.0rc27", "--num-draft-tokens", "4"]) == 0
     assert '"max_draft_len": 4' in capsys.readouterr().out
-    assert {p.name for p in (tmp_path / "out").iterdir()} == {DRAFT_DIR, MANIFEST_FILE, LLM_API_OPTIONS_FILE}
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {DRAFT_DIR, MANIFEST_FILE, LLM_API_OPTIONS_FILE,
+                                                          OUTPUT_MARKER}
