@@ -40,7 +40,8 @@ def load_setup(which: str, kinds: list[str] = list(VARIANT_KINDS)) -> BenchSetup
     drafters = {kind: target.load_drafter(real_assets.drafter_dir(kind)) for kind in kinds}
     eos = AutoTokenizer.from_pretrained(str(target_dir)).eos_token_id
     return BenchSetup(which, target, drafters, real_assets.heldout_prompts(), (eos,),
-                      "SmolLM2-135M-Instruct (held-out ShareGPT prompts, chat template, stop at <|im_end|>)")
+                      "SmolLM2-135M-Instruct (held-out ShareGPT prompts, chat template, stop at <|im_end|>)",
+                      default_num_drafts=3)  # block 4: the fastest block on a 2-core CPU (docs/benchmarks/smollm2)
 
 
 def param_count(target: TargetModel) -> float:

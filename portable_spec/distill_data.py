@@ -74,9 +74,11 @@ def _shard_done(path: Path, prompts: list[list[int]]) -> bool:
         done.sequence(i)[: len(p)].tolist() == p for i, p in enumerate(prompts))
 
 
-def load_sequences(data_dir: Path) -> Sequences:
-    """Every shard of a distillation data directory, in order."""
+def load_sequences(data_dir: Path, featurised_only: bool = False) -> Sequences:
+    """Every shard of a distillation data directory, in order (only those with cached features, if asked)."""
     shards = sorted(Path(data_dir).glob("shard-*.safetensors"))
+    if featurised_only:
+        shards = [s for s in shards if s.with_name(s.name.replace("shard-", "features-")).exists()]
     if not shards:
         raise SpecError(f"{data_dir}: no shard-*.safetensors; create it with `portable-spec train --data ...`")
     return Sequences.concat([Sequences(**load_file(str(s))) for s in shards])

@@ -25,7 +25,7 @@ def main() -> int:
     parser.add_argument("--work-dir", type=Path, required=True)
     parser.add_argument("--seconds-json", type=Path, default=None, help="{kind: training seconds}, if recorded")
     args = parser.parse_args()
-    sequences = load_sequences(args.work_dir / "data")
+    sequences = load_sequences(args.work_dir / "data", featurised_only=True)
     reply_tokens = int((sequences.offsets[1:] - sequences.offsets[:-1] - sequences.prompt_lens).sum())
     manifest = {"train_prompts": len(sequences), "reply_tokens": reply_tokens,
                 "prompt_tokens": int(sequences.prompt_lens.sum()), "drafters": {}}

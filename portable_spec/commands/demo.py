@@ -15,13 +15,13 @@ from ..spec import VARIANT_KINDS, SpecError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", choices=TARGET_CHOICES, default="smollm2",
                         help="smollm2: the real target (converted on first use); fixture: the tiny test models.")
-    parser.add_argument("--prompts", type=int, default=8, help="Held-out prompts to decode.")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompts", type=int, default=4, help="Held-out prompts to decode.")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--num-draft-tokens", type=int, default=None,
                         help="Draft tokens per round (default: what the benchmark found best on each target).")
     parser.add_argument("--draft-confidence", type=float, default=None,
                         help="Also run each drafter verifying only the draft prefix it is this confident in "
-                             "(product of its probabilities; default 0.3 on smollm2, off on the fixtures).")
+                             "(product of its probabilities); off by default.")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--kinds", nargs="+", default=list(VARIANT_KINDS), choices=VARIANT_KINDS)
     parser.add_argument("--no-hf", action="store_true", help="Skip the HF generate / prompt-lookup rows.")
