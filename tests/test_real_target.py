@@ -44,7 +44,7 @@ def test_greedy_output_equals_plain_decoding(target, prompts, kind):
     plain = SpeculativeDecoder(target).generate(prompts, config)
     spec = SpeculativeDecoder(target, target.load_drafter(real_assets.drafter_dir(kind))).generate(prompts, config)
     assert spec.tokens == plain.tokens
-    assert spec.stats.acceptance_length > 1.2  # a trained drafter: drafts are accepted, not only corrected
+    assert spec.stats.acceptance_length > 1.0  # drafts are accepted, not only corrected (bench: tau 1.27-1.49)
 
 
 @pytest.mark.parametrize("kind", VARIANT_KINDS)
