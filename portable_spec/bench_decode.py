@@ -7,13 +7,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from .bench_setup import TARGET_CHOICES, load_setup, param_count
+from .checkpoint import write_file_atomically
 from .evaluate import ComparisonRow, compare, format_table, grid
 from .spec import SpecError
 
@@ -67,16 +67,6 @@ def plot(rows: list[ComparisonRow], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def write_file(path: Path, write) -> None:
-    """Write one output file atomically (temp file + rename); nothing else in its directory is touched."""
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")  # keeps the suffix (matplotlib reads it)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def _check_args(args: argparse.Namespace) -> None:
     for name in ("prompts", "max_new_tokens"):
         if getattr(args, name) < 1:
@@ -117,10 +107,10 @@ def run_decode_bench(args: argparse.Namespace) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows]
-        write_file(args.out / "benchmarks.json", lambda p: p.write_text(json.dumps(clean, indent=1)))
-        write_file(args.out / "benchmarks.md", lambda p: p.write_text(
+        write_file_atomically(args.out / "benchmarks.json", lambda p: p.write_text(json.dumps(clean, indent=1)))
+        write_file_atomically(args.out / "benchmarks.md", lambda p: p.write_text(
             f"{header}\n\n{table}\n\nPer-position acceptance, P(slot i accepted | slots < i accepted), "
             f"batch {args.batch_sizes[0]}:\n\n| drafter | block | slot 1 .. k-1 |\n|---|---|---|\n{positions}\n"))
-        write_file(args.out / "benchmarks.png", lambda p: plot(rows, p))
+        write_file_atomically(args.out / "benchmarks.png", lambda p: plot(rows, p))
         print(f"wrote {args.out}/benchmarks.md, .json, .png")
     return 0 if all(r.matches_autoregressive for r in rows if r.drafter_params) else 1

@@ -47,12 +47,24 @@ def check_output_dir(out_dir: Path, kind: str) -> None:
             held = f"a portable-spec {found} output" if found else "files portable-spec did not write"
             raise SpecError(f"output {out_dir} is not empty and holds {held}, not a previous {kind} output; "
                             "pass a new or empty directory (nothing was changed)")
-    parent = out_dir.parent if out_dir.parent != Path("") else Path(".")
-    probe = parent
+    probe = out_dir.parent
     while not probe.exists():
         probe = probe.parent
     if not os.access(probe, os.W_OK):
         raise SpecError(f"output {out_dir}: {probe} is not writable; pass a directory you can write to")
+
+
+def write_file_atomically(path: Path, write: "callable[[Path], None]") -> Path:
+    """Run `write(tmp_path)` beside `path`, then rename it over `path`: readers never see a half-written file, and a
+    failed write leaves nothing behind. The temp name keeps the suffix (matplotlib picks the format from it)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
 
 
 def write_dir_atomically(out_dir: Path, write: "callable[[Path], None]", kind: str = "drafter") -> Path:

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from .checkpoint import write_file_atomically
 from .spec import SpecError
 
 Generator = Literal["auto", "vllm", "hf"]
@@ -59,10 +60,8 @@ class Sequences:
 
 
 def _write_shard(path: Path, sequences: Sequences) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file({"tokens": sequences.tokens, "offsets": sequences.offsets, "prompt_lens": sequences.prompt_lens},
-              str(tmp))
-    os.replace(tmp, path)
+    tensors = {"tokens": sequences.tokens, "offsets": sequences.offsets, "prompt_lens": sequences.prompt_lens}
+    write_file_atomically(path, lambda tmp: save_file(tensors, str(tmp)))
 
 
 def _shard_done(path: Path, prompts: list[list[int]]) -> bool:
@@ -152,9 +151,8 @@ def generate_replies(
             raise SpecError(f"{out_dir}: holds data made with other settings {changed} (was, now); "
                             "use another directory or the same settings")
     else:  # written once, atomically: several training runs may share one data directory
-        tmp = meta_file.with_name(f".{meta_file.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({**meta, "target": Path(target_dir).name}, indent=1) + "\n")
-        os.replace(tmp, meta_file)
+        text = json.dumps({**meta, "target": Path(target_dir).name}, indent=1) + "\n"
+        write_file_atomically(meta_file, lambda tmp: tmp.write_text(text))
     shards = [(i, prompts[i * shard_size : (i + 1) * shard_size]) for i in range((len(prompts) + shard_size - 1) // shard_size)]
     todo = [(i, chunk) for i, chunk in shards if not _shard_done(out_dir / f"shard-{i:05d}.safetensors", chunk)]
     if not todo:

@@ -8,7 +8,6 @@ flat `tokens`; the layer ids and target fingerprint are in its metadata and chec
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from .checkpoint import write_file_atomically
 from .distill_data import Sequences
 from .spec import SpecError
 from .target import TargetModel
@@ -53,10 +53,8 @@ def cache_features(target: TargetModel, data_dir: Path, layer_ids: list[int], ba
                 rows[index] = feats
             bar.update(sum(len(sequences.sequence(i)) for i in chunk))
         features = torch.cat([rows[i] for i in range(len(sequences))])
-        path = _features_path(shard)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        save_file({"features": features.contiguous()}, str(tmp), metadata=meta)
-        os.replace(tmp, path)
+        tensors = {"features": features.contiguous()}
+        write_file_atomically(_features_path(shard), lambda tmp, tensors=tensors: save_file(tensors, str(tmp), metadata=meta))
     bar.close()
 
 

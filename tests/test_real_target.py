@@ -5,7 +5,6 @@ deselect locally with `-m "not real_target"`."""
 from importlib.util import find_spec
 
 import pytest
-import torch
 
 from portable_spec import real_assets
 from portable_spec.decode import GenerationConfig, SpeculativeDecoder

@@ -18,6 +18,8 @@ from portable_spec.checkpoint import WEIGHTS_FILE
 from portable_spec.drafter import Drafter
 from portable_spec.spec import DepthCausalVariant, DrafterConfig, SpecError, read_config
 
+from ..shared_validate import refuse_reduced_vocabulary
+
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 ALGORITHM = "DFLASH"  # the SGLang algorithm that serves portable-spec drafters
 DEPTH_CAUSAL_ARCHITECTURE = DepthCausalVariant.engine_architecture
@@ -72,13 +74,7 @@ def check_servable(config: DrafterConfig, source: str) -> None:
             f"fed its own drafts. fix: serve a {' or '.join(SGLANG_KINDS)} drafter with SGLang, or run this one "
             "with `portable-spec generate` (reference and ONNX backends)"
         )
-    if config.draft_vocab_size is not None:
-        raise SpecError(
-            f"{source}: draft_vocab_size={config.draft_vocab_size}: SGLang's DFlash drafter needs its own "
-            "draft-vocabulary lm_head, and a portable checkpoint shares the target's; this adapter does not slice it "
-            "yet. fix: serve a full-vocabulary drafter (`portable-spec train --draft-vocab-size 0`), or run this one "
-            "with `portable-spec generate` (reference and ONNX backends)"
-        )
+    refuse_reduced_vocabulary(config, source, "SGLang")
 
 
 def check_algorithm(algorithm: str | None, source: str) -> None:

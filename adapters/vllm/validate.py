@@ -20,6 +20,8 @@ from portable_spec.spec import (
     parse_config,
 )
 
+from ..shared_validate import refuse_reduced_vocabulary
+
 SUPPORTED_VLLM_VERSIONS = ("0.32",)  # major.minor: the adapter subclasses qwen3_dflash internals of these
 METHOD = "dflash"
 VLLM_KINDS = ("parallel", "depth_causal")
@@ -67,13 +69,7 @@ def check_servable(config: DrafterConfig, source: str) -> None:
             f"drafts. fix: serve a {' or '.join(VLLM_KINDS)} drafter with vLLM, or run this one with "
             "`portable-spec generate` (reference and ONNX backends)"
         )
-    if config.draft_vocab_size is not None:
-        raise SpecError(
-            f"{source}: draft_vocab_size={config.draft_vocab_size}: vLLM's DFlash drafter needs its own "
-            "draft-vocabulary lm_head, and a portable checkpoint shares the target's; this adapter does not slice it "
-            "yet. fix: serve a full-vocabulary drafter (`portable-spec train --draft-vocab-size 0`), or run this one "
-            "with `portable-spec generate` (reference and ONNX backends)"
-        )
+    refuse_reduced_vocabulary(config, source, "vLLM")
 
 
 def check_method(method: str | None, source: str) -> None:
