@@ -1,11 +1,12 @@
 """The one backend registry, and the small interface a backend implements to join the conformance suite.
 
-Backends are named by import path and imported lazily, so importing the core never imports an engine.
+Backends are registered by entry point (module:Class) and imported lazily, so importing the core never imports an engine.
 """
 
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
@@ -101,13 +102,19 @@ class ReferenceBackend(Backend):
         return SpeculativeDecoder(target, drafter).generate(prompts, config).tokens
 
 
-# name -> "module:Class"; the one registry. Adapters add themselves here, nowhere else.
-BACKENDS: dict[str, str] = {
-    "reference": "portable_spec.backends:ReferenceBackend",
-    "onnx": "adapters.onnx:OnnxBackend",
-    "sglang": "adapters.sglang.backend:SglangBackend",
-    "vllm": "adapters.vllm.backend:VllmBackend",
-}
+BACKEND_GROUP = "portable_spec.backends"
+
+
+def _registered_backends() -> dict[str, str]:
+    """name -> "module:Class" from the `portable_spec.backends` entry-point group (pyproject.toml), reference
+    first: an adapter registers itself there, so adding an engine edits no core module."""
+    found = {entry.name: entry.value for entry in entry_points(group=BACKEND_GROUP)}
+    found.setdefault("reference", f"{__name__}:ReferenceBackend")  # the core's own backend, installed or not
+    return {"reference": found.pop("reference"), **dict(sorted(found.items()))}
+
+
+# The one registry, read once at import (tests add toy backends to it).
+BACKENDS: dict[str, str] = _registered_backends()
 
 
 def backend_names() -> list[str]:

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from kernels.dispatch import verify_op  # the torch twin (== verify) off CUDA, the fused Triton kernel on it
+from .dispatch import verify_op  # the torch twin (== verify) off CUDA, the fused Triton kernel on it
 
+from .decode_matmul import decode_shaped_linears
 from .drafter import Drafter
 from .noise import VerifyNoise
 from .proposer import DraftProposer, TorchProposer
@@ -79,8 +80,12 @@ class _SlotLayout:
 class SpeculativeDecoder:
     """Reference loop; with no drafter it decodes autoregressively through the same verify step."""
 
-    def __init__(self, target: TargetModel, drafter: Drafter | DraftProposer | None = None) -> None:
+    def __init__(self, target: TargetModel, drafter: Drafter | DraftProposer | None = None,
+                 decode_matmul: bool = True) -> None:
+        """decode_matmul: run the target's and drafter's linear layers in the decode-shaped CPU layout
+        (decode_matmul.py) while generating; False keeps torch's F.linear everywhere."""
         self.target = target
+        self.decode_matmul = decode_matmul
         self.proposer: DraftProposer | None = TorchProposer(drafter) if isinstance(drafter, Drafter) else drafter
         if self.proposer is not None:
             target.check_drafter(self.proposer.config)
@@ -102,6 +107,13 @@ class SpeculativeDecoder:
     ) -> GenerationOutput:
         """request_ids key each request's noise (default 0..B-1): the same id, seed and prompt sample the same
         tokens whatever batch they are in."""
+        if not self.decode_matmul:
+            return self._generate(prompts, config, request_ids)
+        drafter = self.proposer.drafter if isinstance(self.proposer, TorchProposer) else None
+        with decode_shaped_linears(self.target.model, drafter):
+            return self._generate(prompts, config, request_ids)
+
+    def _generate(self, prompts, config: GenerationConfig, request_ids: list[int] | None) -> GenerationOutput:
         self._check_prompts(prompts)
         proposer = self.proposer
         num_drafts = config.num_draft_tokens if proposer is not None else 0

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from .checkpoint import load_drafter_files, save_drafter
-from .drafter_layers import DrafterLayer, rotary_cos_sin
+from .drafter_layers import DrafterLayer, rotary_cos_sin, within_block_mask
 from .spec import DrafterConfig, SpecError
 from .variants import behaviour_of
 
@@ -119,10 +119,7 @@ class Drafter(nn.Module):
         b, a, k = block_ids.shape
         h = self.shared.embed_tokens(block_ids).to(self.fc.weight.dtype)
         cos, sin = rotary_cos_sin(block_positions.reshape(b, a * k), self.config.head_dim, self.config.rope_theta, h.dtype)
-        within = torch.ones(k, k, dtype=torch.bool, device=h.device)
-        if self.behaviour.block_causal:
-            within = within.tril()
-        block_mask = torch.block_diag(*([within] * a)) if a > 1 else within  # [A*k, A*k]
+        block_mask = within_block_mask(k, self.behaviour.block_causal, a, h.device)  # [A*k, A*k]
         mask = torch.cat((context_mask, block_mask.expand(b, -1, -1)), dim=-1)[:, None]
         for layer, (context_k, context_v) in zip(self.layers, context):
             h = layer(h, cos, sin, context_k, context_v, mask)
@@ -147,24 +144,10 @@ class Drafter(nn.Module):
     def propose_scored(self, anchor_tokens, anchor_positions, context, context_valid, num_drafts):
         """Greedy drafts [B, n] and the drafter's own probability of each [B, n] (for confidence-cut rounds)."""
         self.config.check_num_draft_tokens(num_drafts)
-        if self.behaviour.autoregressive:
-            return self._propose_autoregressive(anchor_tokens, anchor_positions, context, context_valid, num_drafts)
         # A bidirectional block needs every trained slot (slots see later ones); a causal block is exact when cut.
-        k = num_drafts + 1 if self.behaviour.block_causal else self.config.block_size
-        block = torch.full((anchor_tokens.shape[0], 1, k), self.config.mask_token_id, device=anchor_tokens.device)
-        block[:, 0, 0] = anchor_tokens
-        logits = self._single_block(block, anchor_positions, context, context_valid)[:, 0, 1 : num_drafts + 1]
-        return greedy_with_probability(logits)
-
-    def _propose_autoregressive(self, anchor_tokens, anchor_positions, context, context_valid, num_drafts):
-        tokens = anchor_tokens[:, None, None]  # [B, 1, t]
-        probabilities = []
-        for _ in range(num_drafts):
-            logits = self._single_block(tokens, anchor_positions, context, context_valid)
-            token, probability = greedy_with_probability(logits[:, 0, -1:])
-            tokens = torch.cat((tokens, token[:, None]), dim=-1)
-            probabilities.append(probability)
-        return tokens[:, 0, 1:], torch.cat(probabilities, dim=1)
+        width = num_drafts + 1 if self.behaviour.cuttable else self.config.block_size
+        run = lambda block: self._single_block(block, anchor_positions, context, context_valid)  # noqa: E731
+        return greedy_drafts(run, self.config, anchor_tokens, num_drafts, width)
 
     def _single_block(self, block_ids, anchor_positions, context, context_valid):
         k = block_ids.shape[-1]
@@ -177,30 +160,66 @@ class Drafter(nn.Module):
         return save_drafter(out_dir, self.config, self.state_dict())
 
 
+def greedy_drafts(
+    run_block,  # block ids [B, 1, width] at positions anchor .. anchor + width - 1 -> logits [B, 1, width, V]
+    config: DrafterConfig,
+    anchor_tokens: torch.Tensor,  # [B]
+    num_drafts: int,
+    width: int,  # block slots to run: >= num_drafts + 1
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one propose loop every drafter implementation shares (torch here, the ONNX graph in the adapter):
+    greedy drafts [B, n] and the drafter's probability of each [B, n]. Single-pass kinds read the n drafts from
+    one [anchor, MASK...] block; the autoregressive kind runs one pass per draft, writing each draft into the
+    block (causal, so the unfilled tail never reaches the slot being read)."""
+    block = torch.full((anchor_tokens.shape[0], 1, width), config.mask_token_id, dtype=torch.int64,
+                       device=anchor_tokens.device)
+    block[:, 0, 0] = anchor_tokens
+    if not behaviour_of(config.kind).autoregressive:
+        return greedy_with_probability(run_block(block)[:, 0, 1 : num_drafts + 1])
+    probabilities = []
+    for slot in range(num_drafts):  # slot `slot` predicts the token after it
+        token, probability = greedy_with_probability(run_block(block)[:, 0, slot : slot + 1])
+        block[:, 0, slot + 1] = token[:, 0]
+        probabilities.append(probability)
+    return block[:, 0, 1 : num_drafts + 1], torch.cat(probabilities, dim=1)
+
+
 def greedy_with_probability(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, n, V] -> (argmax [B, n], its softmax probability [B, n])."""
     tokens = logits.argmax(dim=-1)
     return tokens, logits.float().softmax(dim=-1).gather(-1, tokens[..., None])[..., 0]
 
 
+def expected_weight_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
+    """Checkpoint names and shapes of a drafter with `config` (built on the meta device: no memory)."""
+    with torch.device("meta"):
+        drafter = Drafter(config)
+    return {name: tuple(tensor.shape) for name, tensor in drafter.state_dict().items()}
+
+
+def check_weight_shapes(config: DrafterConfig, found: dict[str, tuple[int, ...]], source: str) -> None:
+    """Refuse weights whose names or shapes are not exactly the drafter's (engines' loaders would skip unknown
+    names and leave missing ones uninitialised, silently)."""
+    expected = expected_weight_shapes(config)
+    missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
+    if missing or unexpected:
+        raise SpecError(
+            f"{source}: weights do not match config (variant={config.kind}, "
+            f"num_hidden_layers={config.num_hidden_layers}): missing {missing[:6]}, unexpected {unexpected[:6]}; "
+            "fix config.json or re-export the checkpoint with portable-spec"
+        )
+    for name, shape in found.items():
+        if tuple(shape) != expected[name]:
+            raise SpecError(
+                f"{source}: weight {name} has shape {tuple(shape)}, config implies {expected[name]}; "
+                "the config and weights come from different drafters"
+            )
+
+
 def load_drafter(ckpt_dir: Path, shared: SharedTargetModules | None = None, dtype=torch.float32) -> Drafter:
     """Build a drafter from a checkpoint; missing or unexpected weights fail here, naming them."""
     config, weights = load_drafter_files(ckpt_dir)
+    check_weight_shapes(config, {name: tuple(tensor.shape) for name, tensor in weights.items()}, str(ckpt_dir))
     drafter = Drafter(config, shared)
-    expected = drafter.state_dict()
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        raise SpecError(
-            f"{ckpt_dir}: weights do not match config (variant={config.kind}, "
-            f"num_hidden_layers={config.num_hidden_layers}): missing {missing[:6]}, unexpected {unexpected[:6]}; "
-            "fix config.json or re-export the checkpoint"
-        )
-    for name, tensor in weights.items():
-        if tensor.shape != expected[name].shape:
-            raise SpecError(
-                f"{ckpt_dir}: weight {name} has shape {tuple(tensor.shape)}, config implies "
-                f"{tuple(expected[name].shape)}; the config and weights come from different drafters"
-            )
     drafter.load_state_dict(weights)
     return drafter.to(dtype).eval()

@@ -33,7 +33,7 @@ def injected_attention(
 ) -> torch.Tensor:  # [B, H, Q, d]
     """Block queries attend to [injected context; block] keys/values (GQA: kv heads repeated).
 
-    The torch twin of kernels/attention_triton.py (with the mask from `block_attention_mask`).
+    The torch twin of portable_spec/kernels/attention_triton.py (with the mask from `block_attention_mask`).
     """
     k = torch.cat((context_k, block_k), dim=2)
     v = torch.cat((context_v, block_v), dim=2)
@@ -42,11 +42,18 @@ def injected_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def block_attention_mask(context_valid: torch.Tensor, block_size: int, block_causal: bool) -> torch.Tensor:
-    """Mask for one block per request: context_valid [B, T] bool -> [B, 1, k, T+k] (causal or full in the block)."""
-    within = torch.ones(block_size, block_size, dtype=torch.bool, device=context_valid.device)
+def within_block_mask(block_size: int, block_causal: bool, num_blocks: int = 1, device=None) -> torch.Tensor:
+    """[A*k, A*k] bool: which block slots each block slot sees; blocks never see each other (training packs A
+    blocks per row), and inside a block every slot sees every slot unless the variant is block-causal."""
+    within = torch.ones(block_size, block_size, dtype=torch.bool, device=device)
     if block_causal:
         within = within.tril()
+    return torch.block_diag(*([within] * num_blocks)) if num_blocks > 1 else within
+
+
+def block_attention_mask(context_valid: torch.Tensor, block_size: int, block_causal: bool) -> torch.Tensor:
+    """Mask for one block per request: context_valid [B, T] bool -> [B, 1, k, T+k] (causal or full in the block)."""
+    within = within_block_mask(block_size, block_causal, device=context_valid.device)
     context = context_valid[:, None, :].expand(-1, block_size, -1)
     return torch.cat((context, within.expand(context_valid.shape[0], -1, -1)), dim=-1)[:, None]
 

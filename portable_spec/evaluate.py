@@ -28,6 +28,7 @@ class DecodeJob:
     drafter: Drafter | None
     num_draft_tokens: int
     draft_confidence: float = 0.0
+    decode_matmul: bool = True  # False: torch's own F.linear layout throughout (decode_matmul.py)
 
 
 def grid(drafters: dict[str, Drafter], num_draft_tokens: list[int], draft_confidence: float = 0.0) -> list[DecodeJob]:
@@ -95,7 +96,7 @@ def compare(
                                          "draft_confidence": job.draft_confidence})
         with torch.inference_mode():
             tokens, rounds, drafter_passes, seconds, emitted, verified = _run(
-                SpeculativeDecoder(target, job.drafter), prompts, config, batch_size
+                SpeculativeDecoder(target, job.drafter, job.decode_matmul), prompts, config, batch_size
             )
         generated = sum(len(t) for t in tokens)
         tps = generated / seconds

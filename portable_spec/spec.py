@@ -153,6 +153,8 @@ class DrafterConfig(_Strict):
     def engine_fields(self) -> dict[str, Any]:
         """HF/DFlash-style keys written beside ours so vLLM, SGLang and TensorRT-LLM read the same config.json
         (AutoConfig needs model_type; the engines' DFlash loaders read architectures and dflash_config)."""
+        from .variants import behaviour_of  # variants builds on this module
+
         return {
             "architectures": [self.variant.engine_architecture],
             "model_type": "qwen3",
@@ -160,7 +162,7 @@ class DrafterConfig(_Strict):
             "attention_bias": False,
             "tie_word_embeddings": False,
             "max_position_embeddings": 32768,
-            "is_causal": self.kind != "parallel",
+            "is_causal": behaviour_of(self.kind).block_causal,
             "layer_types": ["full_attention"] * self.num_hidden_layers,
             "num_target_layers": self.target.num_hidden_layers,
             "dflash_config": {

@@ -21,6 +21,22 @@ class VariantBehaviour:
     shift_mix: bool
     autoregressive: bool
 
+    @property
+    def single_pass(self) -> bool:
+        """One drafter pass per round over [anchor, MASK...]: the shape the engines' DFlash proposers run."""
+        return not self.autoregressive
+
+    @property
+    def cuttable(self) -> bool:
+        """A block of any length <= block_size drafts exactly the prefix of the full block (causal in the block);
+        otherwise the drafter must run the whole block it was trained on."""
+        return self.block_causal
+
+    @property
+    def engine_native(self) -> bool:
+        """Exactly DFlash's drafter, so an engine's own DFlash model class runs it unchanged."""
+        return self.single_pass and not self.block_causal and not self.shift_mix
+
 
 VARIANTS: dict[str, VariantBehaviour] = {
     "parallel": VariantBehaviour(block_causal=False, shift_mix=False, autoregressive=False),
@@ -28,6 +44,11 @@ VARIANTS: dict[str, VariantBehaviour] = {
     "autoregressive": VariantBehaviour(block_causal=True, shift_mix=False, autoregressive=True),
 }
 assert tuple(VARIANTS) == VARIANT_KINDS
+
+
+def single_pass_kinds() -> tuple[str, ...]:
+    """The kinds an engine's DFlash proposer can serve (one pass per round)."""
+    return tuple(kind for kind, behaviour in VARIANTS.items() if behaviour.single_pass)
 
 
 def behaviour_of(kind: str) -> VariantBehaviour:

@@ -83,8 +83,8 @@ def test_greedy_output_is_unchanged_with_a_draft_vocabulary(target, kind):
 
 def test_onnx_graph_of_a_reduced_vocabulary_drafter_matches_the_reference(tmp_path):
     pytest.importorskip("onnxruntime")
-    from adapters.onnx import OnnxBackend
-    from adapters.onnx_export import export_onnx
+    from portable_spec.adapters.onnx import OnnxBackend
+    from portable_spec.adapters.onnx_export import export_onnx
     from portable_spec.backends import ReferenceBackend
 
     target = tiny_target(0)
@@ -105,6 +105,6 @@ def test_onnx_graph_of_a_reduced_vocabulary_drafter_matches_the_reference(tmp_pa
 def test_engine_adapters_refuse_a_reduced_vocabulary_in_one_line(target, engine):
     import importlib
 
-    validate = importlib.import_module(f"adapters.{engine}.validate")
+    validate = importlib.import_module(f"portable_spec.adapters.{engine}.validate")
     with pytest.raises(SpecError, match=f"draft_vocab_size={len(VOCAB_IDS)}: .*--draft-vocab-size 0"):
         validate.check_servable(_drafter(target, "depth_causal").config, "ckpt")

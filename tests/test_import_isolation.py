@@ -8,11 +8,16 @@ import sys
 
 ENGINES = ("vllm", "sglang", "tensorrt_llm")
 
+# every core, conformance and CLI module, and each adapter's entry module (engine-side modules such as
+# adapters/vllm/draft_model.py import their engine by design, and kernels/*_triton.py import triton)
 IMPORT_ALL = (
     "import importlib, pkgutil, sys, portable_spec\n"
     "for m in pkgutil.walk_packages(portable_spec.__path__, 'portable_spec.'):\n"
-    "    importlib.import_module(m.name)\n"
-    "import adapters, adapters.onnx, adapters.tensorrt_llm, adapters.vllm, adapters.sglang, kernels.dispatch\n"
+    "    if not m.name.startswith(('portable_spec.adapters.', 'portable_spec.kernels.')) "
+    "and not m.name.endswith('__main__'):\n"
+    "        importlib.import_module(m.name)\n"
+    "import portable_spec.adapters.onnx, portable_spec.adapters.tensorrt_llm, portable_spec.adapters.vllm\n"
+    "import portable_spec.adapters.sglang, portable_spec.kernels.bench\n"
 )
 
 BLOCK = (

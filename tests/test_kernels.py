@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import dispatch
+from portable_spec import dispatch
 from portable_spec.noise import VerifyNoise
 from portable_spec.sampling import SamplingBatch, SamplingParams
 from portable_spec.verify import verify
@@ -33,7 +33,7 @@ def _import_kernels(interpret: bool):
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     try:
-        return importlib.import_module("kernels.verify_triton"), importlib.import_module("kernels.attention_triton")
+        return importlib.import_module("portable_spec.kernels.verify_triton"), importlib.import_module("portable_spec.kernels.attention_triton")
     except ImportError as error:
         return f"triton does not import ({error}); pip install 'portable-spec[triton]'"
     finally:  # the variable does not outlive the import
@@ -223,7 +223,7 @@ def test_dispatch_imports_no_triton_on_the_torch_path():
     """A fresh process: the torch path never imports triton; forcing triton on CPU without the interpreter fails."""
     code = """
 import sys, torch
-from kernels.dispatch import attention_op, triton_available, verify_op
+from portable_spec.dispatch import attention_op, triton_available, verify_op
 from portable_spec.noise import VerifyNoise
 from portable_spec.sampling import SamplingBatch, SamplingParams
 noise = VerifyNoise.for_chain(0, torch.arange(2), torch.tensor([4, 9]), 3, 20)

@@ -13,8 +13,8 @@ import torch
 pytest.importorskip("onnxruntime")
 onnx = pytest.importorskip("onnx")
 
-from adapters.onnx import OnnxBackend, OnnxDrafterGraph, OnnxProposer  # noqa: E402
-from adapters.onnx_export import GRAPH_FILE, META_PREFIX, export_bound_drafter, export_onnx  # noqa: E402
+from portable_spec.adapters.onnx import OnnxBackend, OnnxDrafterGraph, OnnxProposer  # noqa: E402
+from portable_spec.adapters.onnx_export import GRAPH_FILE, META_PREFIX, export_bound_drafter, export_onnx  # noqa: E402
 from portable_spec.checkpoint import OUTPUT_MARKER  # noqa: E402
 from portable_spec.backends import BACKENDS, ReferenceBackend, get_backend  # noqa: E402
 from portable_spec.cli import main  # noqa: E402
@@ -195,7 +195,7 @@ def test_cli_export_onnx(pairs, tmp_path, capsys):
 
 
 def test_registered_and_available():
-    assert BACKENDS["onnx"] == "adapters.onnx:OnnxBackend"
+    assert BACKENDS["onnx"] == "portable_spec.adapters.onnx:OnnxBackend"
     backend = get_backend("onnx")
     assert isinstance(backend, OnnxBackend) and backend.unavailable_reason() is None
 

@@ -18,8 +18,8 @@ from portable_spec.checkpoint import OUTPUT_MARKER
 
 pytest.importorskip("onnxruntime")
 
-from adapters.onnx import OnnxDrafterGraph  # noqa: E402
-from adapters.tensorrt_llm import (  # noqa: E402
+from portable_spec.adapters.onnx import OnnxDrafterGraph  # noqa: E402
+from portable_spec.adapters.tensorrt_llm import (  # noqa: E402
     DRAFT_DIR, LLM_API_OPTIONS_FILE, MANIFEST_FILE, DFlashSpeculativeConfig, ExportRequest, dflash_weights,
     export_for_trtllm, export_trtllm, validate_speculative_config,
 )

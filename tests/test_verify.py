@@ -1,4 +1,4 @@
-"""Verifier unit cases; the full golden vectors and distribution tests live in conformance_tests/."""
+"""Verifier unit cases; the full golden vectors and distribution tests live in portable_spec/conformance/."""
 
 import pytest
 import torch

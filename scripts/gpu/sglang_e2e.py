@@ -12,7 +12,7 @@ Checks, exit code 0 = all passed:
      portable-spec reference decoder's on the same prompts (a wrong drafter port stays lossless: only
      acceptance reveals it, e.g. a block mask that is not causal on the CUDA attention backend);
   3. with --other-target: launching with a target the drafter was not trained for fails with
-     "drafter/target mismatch" (the binding check in adapters/sglang/worker.py).
+     "drafter/target mismatch" (the binding check in portable_spec/adapters/sglang/worker.py).
 Reported: tokens/s without and with speculation at each --concurrency, speedup, acceptance length.
 """
 
@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from adapters.sglang.validate import ALGORITHM, check_servable, check_sglang_version, portable_config_of  # noqa: E402
+from portable_spec.adapters.sglang.validate import ALGORITHM, check_servable, check_sglang_version, portable_config_of  # noqa: E402
 from portable_spec import fixtures  # noqa: E402
 from portable_spec.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
 from portable_spec.target import TargetModel  # noqa: E402

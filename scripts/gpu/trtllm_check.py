@@ -24,9 +24,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from adapters.onnx import OnnxProposer  # noqa: E402
-from adapters.onnx_export import INPUT_NAMES, OUTPUT_NAME, GraphMetadata  # noqa: E402
-from adapters.tensorrt_llm import (  # noqa: E402
+from portable_spec.adapters.onnx import OnnxProposer  # noqa: E402
+from portable_spec.adapters.onnx_export import INPUT_NAMES, OUTPUT_NAME, GraphMetadata  # noqa: E402
+from portable_spec.adapters.tensorrt_llm import (  # noqa: E402
     DFLASH_MIN_VERSION, MANIFEST_FILE, ExportRequest, export_trtllm, parse_version,
 )
 from portable_spec.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402

@@ -31,22 +31,7 @@ from portable_spec import fixtures, real_assets  # noqa: E402
 from portable_spec.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
 from portable_spec.spec import read_config  # noqa: E402
 from portable_spec.target import TargetModel  # noqa: E402
-
-
-def _generate(llm, prompts, max_tokens: int, **sampling) -> list[list[int]]:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    params = SamplingParams(**{"max_tokens": max_tokens, "temperature": 0.0, **sampling}, ignore_eos=True,
-                            detokenize=False)
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    return [list(out.outputs[0].token_ids) for out in outputs]
-
-
-def _spec_counters(llm) -> tuple[int, int]:
-    """(drafts, accepted tokens) so far; vLLM's mean acceptance length is 1 + accepted / drafts."""
-    values = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
-    return values.get("vllm:spec_decode_num_drafts") or 0, values.get("vllm:spec_decode_num_accepted_tokens") or 0
+from portable_spec.adapters.vllm.llm_api import generate_token_ids as _generate, spec_decode_counters as _spec_counters  # noqa: E402
 
 
 def run_vllm(args, prompts, drafter: Path | None, k: int | None) -> dict:

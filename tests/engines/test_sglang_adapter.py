@@ -1,6 +1,6 @@
 """SGLang adapter: portable checkpoints served by SGLang's DFLASH, checked against the torch reference.
 
-Unmarked tests need no SGLang (the checks in adapters/sglang/validate.py). Tests marked `engine` need sglang
+Unmarked tests need no SGLang (the checks in portable_spec/adapters/sglang/validate.py). Tests marked `engine` need sglang
 0.5.23 installed with portable-spec in editable mode, so the entry point is real:
     /work/venvs/sglang/bin/python -m pytest -m engine tests/engines/test_sglang_adapter.py
 (.ci/sglang_engine_tests.sh builds that venv from scratch). They run SGLang's model classes on the CPU; the
@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from adapters.sglang import validate
+from portable_spec.adapters.sglang import validate
 from portable_spec.drafter_layers import ShiftMix
 from portable_spec.spec import SpecError, read_config
 from portable_spec.target import TargetModel
@@ -132,7 +132,7 @@ def test_served_target_binding(ckpts):
 def sglang_cpu():
     """SGLang imported, CPU model-parallel groups up, plugins loaded through sglang's own load_plugins()."""
     pytest.importorskip("sglang")
-    from adapters.sglang.cpu_harness import init_sglang_cpu
+    from sglang_cpu_harness import init_sglang_cpu
 
     init_sglang_cpu()
     from sglang.srt.plugins import load_plugins
@@ -156,12 +156,12 @@ def test_entry_point_registers_through_load_plugins(sglang_cpu, ckpts):
     from sglang.srt.models.registry import ModelRegistry
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from adapters.sglang import plugin
-    from adapters.sglang.draft_model import DepthCausalDraftModel
-    from adapters.sglang.worker import PortableSpecDFlashWorker
+    from portable_spec.adapters.sglang import plugin
+    from portable_spec.adapters.sglang.draft_model import DepthCausalDraftModel
+    from portable_spec.adapters.sglang.worker import PortableSpecDFlashWorker
 
     (ours,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "portable_spec"]
-    assert ours.value == "adapters.sglang.plugin:register" and ours.dist.name == "portable-spec"
+    assert ours.value == "portable_spec.adapters.sglang.plugin:register" and ours.dist.name == "portable-spec"
     assert plugin.validate_speculative_args in _HOOKS["handle_speculative_decoding"]
     # the scheduler's call: DFLASH + a portable checkpoint -> our worker; the depth_causal architecture resolves
     for kind in ("parallel", "depth_causal"):
@@ -191,7 +191,7 @@ def test_config_parsed_by_sglang(sglang_cpu, ckpts, kind, causal):
 
 def _reference_and_blocks(ckpts, kind: str, context_lens=(5, 11)):
     """Reference logits [B, k, V] and the same inputs as SGLang's worker sees them."""
-    from adapters.sglang.cpu_harness import DraftBlocks
+    from sglang_cpu_harness import DraftBlocks
 
     target = TargetModel.load(ckpts["target"])
     drafter = target.load_drafter(ckpts[kind])
@@ -224,8 +224,8 @@ def test_sglang_draft_model_matches_reference(sglang_cpu, ckpts, kind):
     from sglang.srt.models.dflash import DFlashDraftModel
     from sglang.srt.models.registry import ModelRegistry
 
-    from adapters.sglang.cpu_harness import DraftBlocks, draft_block_hidden, load_with_sglang
-    from adapters.sglang.draft_model import register_architecture
+    from sglang_cpu_harness import DraftBlocks, draft_block_hidden, load_with_sglang
+    from portable_spec.adapters.sglang.draft_model import register_architecture
 
     register_architecture()  # what the plugin's create_worker hook does in the scheduler
     model, _ = load_with_sglang(ckpts[kind], is_draft_model=True)
@@ -250,8 +250,8 @@ def test_sglang_draft_model_matches_reference(sglang_cpu, ckpts, kind):
 
 @pytest.mark.engine
 def test_binding_checked_on_sglang_loaded_target(sglang_cpu, ckpts):
-    from adapters.sglang.cpu_harness import load_with_sglang
-    from adapters.sglang.worker import check_loaded_target
+    from sglang_cpu_harness import load_with_sglang
+    from portable_spec.adapters.sglang.worker import check_loaded_target
 
     target, model_config = load_with_sglang(ckpts["target"], is_draft_model=False)
     assert check_loaded_target(read_config(ckpts["depth_causal"]), target, model_config, "ckpt")  # fingerprint too

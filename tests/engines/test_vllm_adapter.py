@@ -27,10 +27,11 @@ from portable_spec import fixtures
 from portable_spec.decode import GenerationConfig, SpeculativeDecoder
 from portable_spec.spec import SpecError, read_config
 from portable_spec.target import TargetModel
+from portable_spec.adapters.vllm.llm_api import generate_token_ids, spec_decode_counters as spec_counters
 
 # A freshly built fixture directory (scripts/make_fixtures.py --out DIR) can stand in for portable_spec/assets.
 ASSETS = Path(os.environ.get("PORTABLE_SPEC_VLLM_TEST_ASSETS", fixtures.ASSETS))
-VLLM_KINDS = ("parallel", "depth_causal")
+VLLM_KINDS = ("parallel", "depth_causal")  # what vLLM serves, spelled out so the adapter cannot redefine it
 NUM_PROMPTS = 8  # held-out prompts per greedy comparison
 MAX_TOKENS = 48
 TAU_TOLERANCE = 0.02  # |tau_vllm - tau_reference| / tau_reference (measured: equal to 3 decimals)
@@ -46,13 +47,13 @@ requires_assets = pytest.mark.skipif(
 
 # ---------------------------------------------------------------------------------------------------- no vLLM
 def test_adapter_imports_no_vllm():
-    code = "import sys, adapters.vllm, adapters.vllm.plugin, adapters.vllm.validate; print('vllm' in sys.modules)"
+    code = "import sys, portable_spec.adapters.vllm, portable_spec.adapters.vllm.plugin, portable_spec.adapters.vllm.validate; print('vllm' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 def test_validate_refuses_what_vllm_cannot_serve(tmp_path):
-    from adapters.vllm import validate
+    from portable_spec.adapters.vllm import validate
     from portable_spec.testing import tiny_drafter, tiny_target
 
     target = tiny_target()
@@ -80,7 +81,7 @@ def test_validate_refuses_what_vllm_cannot_serve(tmp_path):
 
 
 def test_plugin_names_match_checkpoint_architectures():
-    from adapters.vllm.plugin import architectures
+    from portable_spec.adapters.vllm.plugin import architectures
     from portable_spec.testing import tiny_drafter, tiny_target
 
     target = tiny_target()
@@ -113,19 +114,7 @@ def vllm_engine(target: Path, drafter: Path | None = None, num_speculative_token
 
 
 def generate(llm, prompts: list[list[int]], **sampling) -> list[list[int]]:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    params = SamplingParams(**{"max_tokens": MAX_TOKENS, "temperature": 0.0, **sampling}, ignore_eos=True,
-                            detokenize=False)
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    return [list(out.outputs[0].token_ids) for out in outputs]
-
-
-def spec_counters(llm) -> tuple[int, int]:
-    """(drafts, accepted tokens) so far: vLLM's mean acceptance length is 1 + accepted / drafts."""
-    values = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
-    return int(values["vllm:spec_decode_num_drafts"]), int(values["vllm:spec_decode_num_accepted_tokens"])
+    return generate_token_ids(llm, prompts, MAX_TOKENS, **sampling)
 
 
 class FirstProposal:

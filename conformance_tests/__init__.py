@@ -1,6 +1,0 @@
-"""Conformance suite: golden vectors + checks generated over every registered backend (the ONNX backend suite's shape).
-
-To add a backend: subclass portable_spec.backends.Backend (block_logits, generate; optionally verify,
-target_forward, unavailable_reason, kinds_supported) and add one line to BACKENDS. `pytest conformance_tests`
-and `portable-spec conformance` then run every check on it; known gaps go in expected_failures.json with a reason.
-"""

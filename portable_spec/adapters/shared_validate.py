@@ -1,0 +1,49 @@
+"""Checks every engine adapter makes of a portable checkpoint, one implementation with the engine's name in the
+message: is it ours, can the engine's DFlash proposer serve it, does its vocabulary fit."""
+
+from __future__ import annotations
+
+import json
+
+from portable_spec.spec import DrafterConfig, SpecError, parse_config
+from portable_spec.variants import behaviour_of, single_pass_kinds
+
+ENGINE_KINDS = single_pass_kinds()  # what an engine's DFlash proposer runs: one drafter pass per round
+
+
+def portable_config_of(config_json: bytes | str | None, source: str) -> DrafterConfig | None:
+    """The drafter config if `config_json` is a portable-spec checkpoint's; None for any other drafter (the engine
+    then runs it untouched). A portable config that is invalid raises SpecError."""
+    if config_json is None:
+        return None
+    try:
+        data = json.loads(config_json)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or "format_version" not in data or "variant" not in data:
+        return None
+    return parse_config(data, source)
+
+
+def check_servable(config: DrafterConfig, source: str, engine: str, proposer: str) -> None:
+    """Refuse what `engine`'s DFlash `proposer` cannot run: multi-pass kinds, reduced draft vocabularies."""
+    if not behaviour_of(config.kind).single_pass:
+        raise SpecError(
+            f"{source}: variant {config.kind!r} has no {engine} route: {engine}'s {proposer} runs one drafter pass "
+            f"per round over [anchor, MASK...], and an {config.kind} drafter needs one pass per draft token fed its "
+            f"own drafts. fix: serve a {' or '.join(ENGINE_KINDS)} drafter with {engine}, or run this one with "
+            "`portable-spec generate` (reference and ONNX backends)"
+        )
+    refuse_reduced_vocabulary(config, source, engine)
+
+
+def refuse_reduced_vocabulary(config: DrafterConfig, source: str, engine: str) -> None:
+    """The engines' DFlash drafters need their own draft-vocabulary lm_head; a portable checkpoint shares the
+    target's, and the adapters do not slice it at load time yet."""
+    if config.draft_vocab_size is not None:
+        raise SpecError(
+            f"{source}: draft_vocab_size={config.draft_vocab_size}: {engine}'s DFlash drafter needs its own "
+            "draft-vocabulary lm_head, and a portable checkpoint shares the target's; this adapter does not slice it "
+            "yet. fix: serve a full-vocabulary drafter (`portable-spec train --draft-vocab-size 0`), or run this one "
+            "with `portable-spec generate` (reference and ONNX backends)"
+        )

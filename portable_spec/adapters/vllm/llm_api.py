@@ -1,0 +1,23 @@
+"""What the vLLM checks (tests/engines, scripts/gpu/vllm_e2e.py) read from vLLM's offline `LLM` API: token ids
+and the speculative-decoding counters. vLLM is imported only when called."""
+
+from __future__ import annotations
+
+
+def generate_token_ids(llm, prompts: list[list[int]], max_tokens: int, **sampling) -> list[list[int]]:
+    """Token ids for pre-tokenised prompts: greedy unless `sampling` says otherwise, never stopped at EOS."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(**{"max_tokens": max_tokens, "temperature": 0.0, **sampling}, ignore_eos=True,
+                            detokenize=False)
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    return [list(out.outputs[0].token_ids) for out in outputs]
+
+
+def spec_decode_counters(llm) -> tuple[int, int]:
+    """(drafts, accepted tokens) so far (0, 0 before any speculative step): vLLM's mean acceptance length is
+    1 + accepted / drafts."""
+    values = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
+    return (int(values.get("vllm:spec_decode_num_drafts") or 0),
+            int(values.get("vllm:spec_decode_num_accepted_tokens") or 0))

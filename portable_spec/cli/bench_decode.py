@@ -1,0 +1,128 @@
+"""`portable-spec bench decode`: tau, tokens/s and speedup for every drafter kind at several block sizes and batch
+sizes, side by side in one run with plain greedy decoding (and, at batch 1, HF generate and HF prompt lookup);
+writes a markdown table, JSON and plots (speedup, tau, per-position acceptance) into --out, file by file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ..bench_setup import TARGET_CHOICES, load_setup, param_count
+from ..checkpoint import write_file_atomically
+from ..drafter import Drafter
+from ..evaluate import PLAIN, ComparisonRow, DecodeJob, compare, format_table, grid
+from ..spec import SpecError
+
+BLOCK_SIZES = (4, 8, 16)
+
+
+def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", choices=TARGET_CHOICES, default="smollm2")
+    parser.add_argument("--prompts", type=int, default=64, help="Held-out prompts.")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES))
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--draft-confidence", type=float, default=0.3,
+                        help="Also run every drafter at the largest block with rounds cut to the draft prefix it is "
+                             "this confident in; 0 skips those rows.")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="Directory for benchmarks.md/.json/.png (only those files are written or replaced).")
+
+
+def plot(rows: list[ComparisonRow], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = sorted({r.batch_size for r in rows})
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for batch in batches:
+        for kind in sorted({r.drafter for r in rows if r.drafter_params}):
+            mine = [r for r in rows if r.drafter == kind and r.batch_size == batch]
+            blocks = [r.num_draft_tokens + 1 for r in mine]
+            style = "-" if batch == 1 else "--"
+            axes[0].plot(blocks, [r.speedup for r in mine], style, marker="o", label=f"{kind}, batch {batch}")
+            if batch == batches[0]:
+                axes[1].plot(blocks, [r.acceptance_length for r in mine], marker="o", label=kind)
+                longest = max(mine, key=lambda r: r.num_draft_tokens)
+                if longest.acceptance_by_position:  # rows cut by confidence have no per-position curve
+                    axes[2].plot(range(1, longest.num_draft_tokens + 1), longest.acceptance_by_position, marker=".",
+                                 label=f"{kind} (block {longest.num_draft_tokens + 1})")
+    for baseline in [r for r in rows if not r.drafter_params and r.batch_size == 1 and r.speedup != 1.0]:
+        axes[0].axhline(baseline.speedup, linestyle=":", linewidth=1, color="black")
+        axes[0].annotate(baseline.drafter, (min(r.num_draft_tokens + 1 for r in rows if r.drafter_params),
+                                            baseline.speedup), fontsize=7)
+    axes[0].axhline(1.0, color="grey", linewidth=0.8)
+    axes[0].set(xlabel="block size (anchor + drafts)", ylabel="tokens/s vs plain greedy", title="speedup (CPU)")
+    axes[1].set(xlabel="block size", ylabel="tau", title=f"acceptance length, batch {batches[0]}")
+    axes[2].set(xlabel="draft slot i", ylabel="P(slot i accepted | slots < i accepted)", title="per-position acceptance")
+    for ax in axes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def layout_jobs(drafters: dict[str, Drafter], num_drafts: int) -> list[DecodeJob]:
+    """Rows that show what the decode-shaped matmul layout (decode_matmul.py) is worth: plain greedy and
+    depth_causal with torch's own F.linear everywhere, in the same run."""
+    suffix = " (torch F.linear)"
+    jobs = [DecodeJob(PLAIN.split(" (")[0] + suffix, None, 0, decode_matmul=False)]
+    if "depth_causal" in drafters:
+        jobs.append(DecodeJob("depth_causal" + suffix, drafters["depth_causal"], num_drafts, decode_matmul=False))
+    return jobs
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    for name in ("prompts", "max_new_tokens"):
+        if getattr(args, name) < 1:
+            raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be at least 1")
+    if not 0 <= args.draft_confidence < 1:
+        raise SpecError(f"--draft-confidence={args.draft_confidence}: use a probability in [0, 1); 0 skips the cut rows")
+    for block in args.block_sizes:
+        if block < 2:
+            raise SpecError(f"--block-sizes {block}: a block needs the anchor and at least one draft (>= 2)")
+    for batch in args.batch_sizes:
+        if batch < 1:
+            raise SpecError(f"--batch-sizes {batch}: must be at least 1")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise SpecError(f"--out {args.out}: is a file; pass a directory")
+
+
+def run_decode_bench(args: argparse.Namespace) -> int:
+    _check_args(args)
+    torch.manual_seed(0)
+    setup = load_setup(args.target)
+    prompts = setup.prompts[: args.prompts]
+    rows: list[ComparisonRow] = []
+    jobs = grid(setup.drafters, [b - 1 for b in args.block_sizes])
+    if args.draft_confidence:
+        jobs += grid(setup.drafters, [max(args.block_sizes) - 1], args.draft_confidence)
+    for batch in args.batch_sizes:
+        rows += compare(setup.target, jobs + (layout_jobs(setup.drafters, min(args.block_sizes) - 1) if batch == 1
+                                              else []),
+                        prompts, args.max_new_tokens, batch, stop_token_ids=setup.stop_token_ids, hf_baselines=batch == 1)
+    header = (f"{setup.describe}, {param_count(setup.target):.1f}M params: {len(prompts)} prompts x up to "
+              f"{args.max_new_tokens} new tokens, greedy, batch sizes {args.batch_sizes}, "
+              f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}; all rows measured in one run.")
+    table = format_table(rows)
+    positions = "\n".join(
+        f"| {r.drafter} | {r.num_draft_tokens + 1} | " + " ".join(f"{p:.2f}" for p in r.acceptance_by_position) + " |"
+        for r in rows if r.drafter_params and r.batch_size == args.batch_sizes[0])
+    print(header)
+    print(table)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows]
+        write_file_atomically(args.out / "benchmarks.json", lambda p: p.write_text(json.dumps(clean, indent=1)))
+        write_file_atomically(args.out / "benchmarks.md", lambda p: p.write_text(
+            f"{header}\n\n{table}\n\nPer-position acceptance, P(slot i accepted | slots < i accepted), "
+            f"batch {args.batch_sizes[0]}:\n\n| drafter | block | slot 1 .. k-1 |\n|---|---|---|\n{positions}\n"))
+        write_file_atomically(args.out / "benchmarks.png", lambda p: plot(rows, p))
+        print(f"wrote {args.out}/benchmarks.md, .json, .png")
+    return 0 if all(r.matches_autoregressive for r in rows if r.drafter_params) else 1

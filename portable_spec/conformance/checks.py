@@ -1,0 +1,242 @@
+"""The conformance checks, each defined once; pytest (test_backends.py) and `portable-spec conformance` run them.
+
+A check takes a CheckContext and returns on success, raises CheckFailed with what differs, or CheckSkipped
+with why it cannot run here. Verification is compared exactly (injected logits, drafts and noise); model
+outputs to a tolerance; end-to-end tokens exactly, under greedy or seeded keyed sampling.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable
+
+import numpy as np
+import torch
+
+from portable_spec.backends import Backend
+from portable_spec.decode import GenerationConfig
+from portable_spec.sampling import SamplingParams
+from portable_spec.spec import VARIANT_KINDS, read_config
+from portable_spec.testing import TINY_TARGET
+
+from .distribution import ALPHA, DRAWS, SAMPLING, distribution_fits
+from .golden import GOLDEN_DIR, case_paths, load_case, to_tensors
+from .workspace import CheckSkipped, Workspace, trained_fixture
+
+TOLERANCE = 1e-4  # logits and features: backends differ by float rounding (~1e-6), a wrong layer by O(1)
+TINY_GREEDY = GenerationConfig(max_new_tokens=24, num_draft_tokens=5)
+TINY_SAMPLED = GenerationConfig(max_new_tokens=24, num_draft_tokens=5, seed=2**33 + 5,
+                                sampling=SamplingParams(temperature=0.8, top_k=40, top_p=0.95))
+HELDOUT_GREEDY = GenerationConfig(max_new_tokens=32, num_draft_tokens=7)
+HELDOUT_LENGTHS = (48, 40, 33, 45)  # ragged batch cut from the first held-out prompts
+
+
+class CheckFailed(AssertionError):
+    """The backend disagrees with the specification; the message says where."""
+
+
+@dataclass
+class CheckContext:
+    backend_name: str
+    backend: Backend
+    workspace: Workspace
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str  # "area/name[/kind]"; expected_failures.json matches these with fnmatch patterns
+    description: str  # what passing asserts, one line (shown in docs/conformance.md)
+    run: Callable[[CheckContext], None]
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def _same(label: str, actual: list, expected: list) -> None:
+    if actual == expected:
+        return
+    if len(actual) != len(expected):
+        raise CheckFailed(f"{label}: {len(actual)} requests, expected {len(expected)}")
+    row = next(i for i, (a, e) in enumerate(zip(actual, expected)) if a != e)
+    a, e = actual[row], expected[row]
+    if not (isinstance(a, list) and isinstance(e, list)):
+        raise CheckFailed(f"{label}: got {actual}, expected {expected} (first difference at request {row})")
+    at = next((i for i, (x, y) in enumerate(zip(a, e)) if x != y), min(len(a), len(e)))
+    raise CheckFailed(f"{label}: request {row} differs from token {at} on: got {a[at:at + 8]}, expected {e[at:at + 8]} "
+                      f"(lengths {len(a)}, {len(e)})")
+
+
+def _close(label: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    if tuple(actual.shape) != tuple(expected.shape):
+        raise CheckFailed(f"{label}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    diff = (actual.float() - expected).abs()
+    bound = TOLERANCE * (1 + expected.abs())
+    if bool((diff > bound).any()):
+        index = tuple(int(i) for i in torch.unravel_index((diff - bound).flatten().argmax(), diff.shape))
+        raise CheckFailed(f"{label}: max |diff| {float(diff.max()):.3g} > {TOLERANCE:g} * (1 + |ref|), "
+                          f"worst at {index}: got {float(actual[index]):.6g}, expected {float(expected[index]):.6g}")
+
+
+def _kind_supported(ctx: CheckContext, kind: str) -> None:
+    if kind not in ctx.backend.kinds_supported:
+        raise CheckSkipped(f"{ctx.backend_name} supports drafter kinds {list(ctx.backend.kinds_supported)}, not {kind}")
+
+
+def _sampling_label(config: GenerationConfig) -> str:
+    s = config.sampling
+    return f"T={s.temperature} top-k {s.top_k} top-p {s.top_p}"
+
+
+def _tiny_prompts() -> list[list[int]]:
+    generator = torch.Generator().manual_seed(7)
+    return [torch.randint(0, TINY_TARGET["vocab_size"] - 1, (length,), generator=generator).tolist()
+            for length in (5, 9, 3, 12)]
+
+
+# -- verification ----------------------------------------------------------------------------------
+def _verify_golden(ctx: CheckContext, name: str) -> None:
+    golden = to_tensors(load_case(GOLDEN_DIR / f"{name}.json"))
+    result = ctx.backend.verify(golden.target_logits, golden.draft_tokens, golden.sampling, golden.noise,
+                                golden.draft_probs, golden.num_drafts)
+    _same("accepted_len", result.accepted_len.tolist(), golden.accepted_len.tolist())
+    _same("next_token", result.next_token.tolist(), golden.next_token.tolist())
+    _same("output_tokens", result.output_tokens.tolist(), golden.output_tokens.tolist())
+
+
+def _global_rng_states() -> list[bytes]:
+    states = [torch.get_rng_state().numpy().tobytes(), repr(random.getstate()).encode(),
+              np.random.get_state()[1].tobytes() + repr(np.random.get_state()[2:]).encode()]
+    if torch.cuda.is_available():
+        states += [state.numpy().tobytes() for state in torch.cuda.get_rng_state_all()]
+    return states
+
+
+def _verify_no_global_rng(ctx: CheckContext) -> None:
+    golden = to_tensors(load_case(GOLDEN_DIR / "ragged_sampled_batch.json"))
+    outputs = []
+    with torch.random.fork_rng():
+        for global_seed in (0, 1):
+            torch.manual_seed(global_seed)
+            random.seed(global_seed)
+            np.random.seed(global_seed)
+            before = _global_rng_states()
+            result = ctx.backend.verify(golden.target_logits, golden.draft_tokens, golden.sampling, golden.noise,
+                                        golden.draft_probs, golden.num_drafts)
+            if _global_rng_states() != before:
+                raise CheckFailed("verify advanced a global RNG (torch, CUDA, random or numpy): take randomness only "
+                                  "from the VerifyNoise argument")
+            outputs.append(result.output_tokens.tolist())
+    _same("output_tokens under global seed 1 vs 0", outputs[1], outputs[0])
+
+
+def _verify_distribution(ctx: CheckContext) -> None:
+    bad = [fit for fit in distribution_fits(ctx.backend.verify) if not fit.ok]
+    if bad:
+        raise CheckFailed("emitted tokens do not follow the target distribution p: " + "; ".join(map(str, bad)))
+
+
+# -- model pieces ----------------------------------------------------------------------------------
+def _target_forward(ctx: CheckContext) -> None:
+    target = ctx.workspace.tiny_target()
+    generator = torch.Generator().manual_seed(3)
+    chain_ids = torch.randint(0, TINY_TARGET["vocab_size"], (2, 12), generator=generator)
+    positions = torch.stack((torch.arange(12), torch.arange(5, 17)))
+    layer_ids = list(range(TINY_TARGET["num_hidden_layers"] - 1))  # every id a drafter may use
+    ref_logits, ref_features = ctx.workspace.memo(
+        "reference-target-forward",
+        lambda: ctx.workspace.reference.target_forward(target, chain_ids, positions, layer_ids))
+    logits, features = ctx.backend.target_forward(target, chain_ids, positions, layer_ids)
+    _close("logits", logits, ref_logits)
+    _close(f"features at layer ids {layer_ids} (output of layer i = HF hidden_states[i + 1])", features, ref_features)
+
+
+def _block_logits(ctx: CheckContext, kind: str) -> None:
+    _kind_supported(ctx, kind)
+    target, drafter = ctx.workspace.tiny_target(), ctx.workspace.tiny_drafter(kind)
+    config = read_config(drafter)
+    generator = torch.Generator().manual_seed(11)
+    batch, context, k = 2, 10, config.block_size
+    features = torch.randn(batch, context, config.feature_size, generator=generator)
+    context_positions = torch.arange(context).expand(batch, -1)
+    context_valid = torch.ones(batch, context, dtype=torch.bool)
+    context_valid[0, 3] = False  # a rejected slot left as a hole
+    context_valid[1, 7:] = False  # a shorter request in the same batch
+    block_ids = torch.randint(0, config.vocab_size, (batch, 1, k), generator=generator)
+    block_positions = (torch.tensor([context, 7])[:, None] + torch.arange(k))[:, None, :]
+    args = (target, drafter, features, context_positions, context_valid, block_ids, block_positions)
+    expected = ctx.workspace.memo(("reference-block-logits", kind), lambda: ctx.workspace.reference.block_logits(*args))
+    _close("block logits", ctx.backend.block_logits(*args), expected)
+
+
+# -- end to end ------------------------------------------------------------------------------------
+def _greedy_equal(ctx: CheckContext, target, drafter, prompts, config, label: str) -> None:
+    key = (str(target), tuple(map(tuple, prompts)), config)
+    plain = ctx.workspace.memo(("plain", ctx.backend_name, *key),
+                               lambda: ctx.backend.generate(target, None, prompts, config))
+    reference = ctx.workspace.memo(("plain", "reference", *key),
+                                   lambda: ctx.workspace.reference.generate(target, None, prompts, config))
+    _same(f"{label}: {ctx.backend_name} non-speculative vs reference", plain, reference)
+    speculative = ctx.backend.generate(target, drafter, prompts, config)
+    _same(f"{label}: {ctx.backend_name} speculative vs its non-speculative", speculative, plain)
+
+
+def _e2e_greedy_tiny(ctx: CheckContext, kind: str) -> None:
+    _kind_supported(ctx, kind)
+    _greedy_equal(ctx, ctx.workspace.tiny_target(), ctx.workspace.tiny_drafter(kind), _tiny_prompts(), TINY_GREEDY,
+                  "tiny models")
+
+
+def _e2e_greedy_heldout(ctx: CheckContext, kind: str) -> None:
+    _kind_supported(ctx, kind)
+    target, drafter, prompts = trained_fixture(kind)
+    prompts = [prompt[:length] for prompt, length in zip(prompts, HELDOUT_LENGTHS)]
+    _greedy_equal(ctx, target, drafter, prompts, HELDOUT_GREEDY, "held-out prompts")
+
+
+def _e2e_sampled_tiny(ctx: CheckContext, kind: str | None) -> None:
+    if kind is not None:
+        _kind_supported(ctx, kind)
+    target = ctx.workspace.tiny_target()
+    drafter = None if kind is None else ctx.workspace.tiny_drafter(kind)
+    prompts = _tiny_prompts()
+
+    def sample(backend: Backend, global_seed: int) -> list[list[int]]:
+        with torch.random.fork_rng(devices=[]):  # a different global RNG state must not matter
+            torch.manual_seed(global_seed)
+            return backend.generate(target, drafter, prompts, TINY_SAMPLED)
+
+    reference = ctx.workspace.memo(("sampled", kind), partial(sample, ctx.workspace.reference, 0))
+    _same(f"seeded sampling (seed {TINY_SAMPLED.seed}): {ctx.backend_name} vs reference",
+          sample(ctx.backend, 1234), reference)
+
+
+# -- the list --------------------------------------------------------------------------------------
+def all_checks() -> list[Check]:
+    checks = [Check(f"golden/{path.stem}", f"verify reproduces golden/{path.name} exactly: "
+                    + load_case(path).description, partial(_verify_golden, name=path.stem)) for path in case_paths()]
+    checks += [
+        Check("verify/no_global_rng", "verify leaves torch/random/numpy global RNG state untouched and its output "
+              "does not depend on it", _verify_no_global_rng),
+        Check("verify/distribution", f"{DRAWS} keyed draws: emitted and bonus tokens follow p (chi-square p-value "
+              f">= {ALPHA:g}, no p=0 token) for a dense q and one-hot drafts, T={SAMPLING.temperature}, "
+              f"top-k {SAMPLING.top_k}, top-p {SAMPLING.top_p}", _verify_distribution),
+        Check("target/forward", "target_forward logits and features at every usable layer id match the reference "
+              f"(|diff| <= {TOLERANCE:g} * (1 + |ref|)); catches a layer-id shift", _target_forward),
+    ]
+    for kind in VARIANT_KINDS:
+        checks.append(Check(f"drafter/block_logits/{kind}", f"{kind} drafter block logits match the reference on a "
+                            "ragged batch with a masked hole", partial(_block_logits, kind=kind)))
+    for kind in VARIANT_KINDS:
+        checks.append(Check(f"e2e/greedy_tiny/{kind}", "tiny random models, ragged batch of 4: greedy speculative "
+                            "== the backend's non-speculative == the reference's",
+                            partial(_e2e_greedy_tiny, kind=kind)))
+    for kind in (*VARIANT_KINDS, None):
+        checks.append(Check(f"e2e/sampled_tiny/{kind or 'no_drafter'}",
+                            f"tiny random models, {_sampling_label(TINY_SAMPLED)}, fixed seed: tokens == the "
+                            "reference's, whatever the global RNG state",
+                            partial(_e2e_sampled_tiny, kind=kind)))
+    for kind in VARIANT_KINDS:
+        checks.append(Check(f"e2e/greedy_heldout/{kind}", "trained fixtures, 4 held-out prompts: greedy speculative "
+                            "== the backend's non-speculative == the reference's",
+                            partial(_e2e_greedy_heldout, kind=kind)))
+    return checks

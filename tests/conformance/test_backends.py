@@ -1,0 +1,37 @@
+"""The suite generated over every registered backend x every check (the ONNX backend test suite's shape).
+
+A backend joins by registering in the `portable_spec.backends` entry-point group; nothing here names a backend.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from portable_spec.backends import backend_names
+
+from portable_spec.conformance.checks import all_checks
+from portable_spec.conformance.runner import FAIL, SKIP, XFAIL, XPASS, ResolvedBackend, load_expected_failures, resolve_backend, run_check
+
+CHECKS = all_checks()
+EXPECTED = load_expected_failures(backend_names(), [check.id for check in CHECKS])
+
+
+@cache
+def _resolved(name: str) -> ResolvedBackend:
+    return resolve_backend(name)
+
+
+@pytest.mark.parametrize("backend_name, check", [
+    pytest.param(name, check, id=f"{name}:{check.id}")
+    for name in backend_names() for check in CHECKS
+])
+def test_conformance(backend_name, check, workspace) -> None:
+    outcome = run_check(_resolved(backend_name), check, workspace, EXPECTED)
+    if outcome.status == SKIP:
+        pytest.skip(outcome.detail)
+    if outcome.status == XFAIL:
+        pytest.xfail(outcome.detail)
+    if outcome.status in (FAIL, XPASS):
+        pytest.fail(f"{outcome.status}: {outcome.detail}", pytrace=False)

@@ -1,0 +1,92 @@
+"""The suite catches what it exists to catch: deliberately broken toy backends fail the checks aimed at them."""
+
+from __future__ import annotations
+
+import pytest
+
+from portable_spec import cli
+from portable_spec.backends import BACKENDS
+
+from portable_spec.conformance.checks import all_checks
+from portable_spec.conformance.runner import FAIL, PASS, SKIP, XFAIL, XPASS, ExpectedFailures, format_report, resolve_backend, run_check
+from .toy_backends import (GlobalRngBackend, LayerShiftBackend, OffByOneBackend, ToyVerifierBackend,
+                           UnavailableBackend)
+
+CHECKS = {check.id: check for check in all_checks()}
+NONE_EXPECTED = ExpectedFailures(format_version=1, entries=[])
+VERIFY_CHECKS = [cid for cid in CHECKS if cid.startswith(("golden/", "verify/"))]
+
+
+def outcomes(backend, check_ids, workspace, expected=NONE_EXPECTED):
+    resolved = resolve_backend(backend.name, backend)
+    return {cid: run_check(resolved, CHECKS[cid], workspace, expected) for cid in check_ids}
+
+
+def test_toy_verifier_without_bug_conforms(workspace) -> None:
+    results = outcomes(ToyVerifierBackend(), VERIFY_CHECKS, workspace)
+    assert {cid: o.detail for cid, o in results.items() if o.status != PASS} == {}
+
+
+def test_off_by_one_acceptance_is_caught(workspace) -> None:
+    results = outcomes(OffByOneBackend(), VERIFY_CHECKS, workspace)
+    for cid in ("golden/greedy_first_reject", "golden/temperature_first_reject", "golden/greedy_ties",
+                "verify/distribution"):
+        assert results[cid].status == FAIL, cid
+    assert "accepted_len" in results["golden/greedy_first_reject"].detail
+    assert results["golden/greedy_all_accept"].status == PASS  # nothing to reject: the bug is invisible there
+
+
+def test_verifier_using_global_rng_is_caught(workspace) -> None:
+    results = outcomes(GlobalRngBackend(), VERIFY_CHECKS, workspace)
+    assert results["verify/no_global_rng"].status == FAIL
+    assert "global RNG" in results["verify/no_global_rng"].detail
+    sampled = [cid for cid in ("golden/temperature", "golden/top_k", "golden/top_p", "golden/ragged_sampled_batch",
+                               "golden/draft_probs_ragged") if results[cid].status == FAIL]
+    assert len(sampled) >= 3, {cid: o.status for cid, o in results.items()}
+    assert results["golden/greedy_ties"].status == PASS  # greedy consumes no noise
+
+
+def test_wrong_layer_id_shift_is_caught(workspace) -> None:
+    results = outcomes(LayerShiftBackend(), ["target/forward", "golden/top_k"], workspace)
+    assert results["target/forward"].status == FAIL
+    assert "features" in results["target/forward"].detail
+    assert results["golden/top_k"].status == PASS
+
+
+def test_unavailable_backend_is_skipped_with_its_reason_never_passed(workspace) -> None:
+    results = outcomes(UnavailableBackend(), list(CHECKS), workspace)
+    assert {o.status for o in results.values()} == {SKIP}
+    assert all("needs a CUDA device" in o.detail for o in results.values())
+    report = format_report(list(results.values()), list(CHECKS.values()))
+    assert "| pass |" not in report and f"- unavailable: {len(CHECKS)} skip\n" in report
+
+
+def test_backend_that_cannot_be_constructed_fails_every_check(workspace) -> None:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(BACKENDS, "ghost", "conformance.toy_backends:NoSuchBackend")
+        resolved = resolve_backend("ghost")
+    assert resolved.error is not None
+    assert run_check(resolved, CHECKS["golden/top_k"], workspace, NONE_EXPECTED).status == FAIL
+
+
+def test_expected_failures_turn_fail_into_xfail_and_pass_into_xpass(workspace) -> None:
+    expected = ExpectedFailures.model_validate({"format_version": 1, "entries": [
+        {"backend": "broken_off_by_one", "check": "golden/*first_reject", "reason": "toy: counts the rejected draft"},
+        {"backend": "broken_off_by_one", "check": "golden/greedy_all_accept", "reason": "toy: listed but passes"},
+    ]})
+    results = outcomes(OffByOneBackend(), ["golden/greedy_first_reject", "golden/greedy_all_accept"], workspace,
+                       expected)
+    assert results["golden/greedy_first_reject"].status == XFAIL
+    assert results["golden/greedy_all_accept"].status == XPASS
+
+
+def test_registered_broken_backend_fails_the_cli(tmp_path, monkeypatch) -> None:
+    """Registration is one registry line; the command then reports the failure and exits 1."""
+    monkeypatch.setitem(BACKENDS, "broken_off_by_one", "conformance.toy_backends:OffByOneBackend")
+    report = tmp_path / "conformance.md"
+    code = cli.main(["conformance", "--backends", "reference", "broken_off_by_one", "--checks", "golden/greedy_*",
+                     "--output", str(report)])
+    text = report.read_text()
+    assert code == 1
+    assert "| golden/greedy_first_reject | pass | FAIL [1] |" in text
+    assert "FAIL (broken_off_by_one): accepted_len" in text
