@@ -114,7 +114,7 @@ def vllm_engine(target: Path, drafter: Path | None = None, num_speculative_token
 
 
 def generate(llm, prompts: list[list[int]], **sampling) -> list[list[int]]:
-    return generate_token_ids(llm, prompts, MAX_TOKENS, **sampling)
+    return generate_token_ids(llm, prompts, sampling.pop("max_tokens", MAX_TOKENS), **sampling)
 
 
 class FirstProposal:
