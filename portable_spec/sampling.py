@@ -12,13 +12,19 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 
+# Temperatures below this are greedy: logits / T overflows float32 for T ~ 1e-38 and the distribution is one-hot
+# to float precision long before (a 1e-3 logit gap at T = 1e-5 is a factor e^100).
+MIN_TEMPERATURE = 1e-5
+
+
 class SamplingParams(BaseModel):
     """Per-request sampling settings, as a user gives them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    temperature: float = Field(0.0, ge=0.0, description="0 = greedy.")
-    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 = off.")
+    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False,
+                               description=f"0 = greedy; below {MIN_TEMPERATURE:g} also greedy (dividing by it overflows).")
+    top_k: int = Field(0, ge=0, le=2**31 - 1, description="Keep the k most likely tokens; 0 = off.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Keep the smallest set with mass >= top_p; 1 = off.")
 
 
@@ -48,8 +54,18 @@ def target_probs(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tensor:
             f"target logits contain NaN (request {bad[0]}, chain slot {bad[1]}); the target model diverged: "
             "check its dtype/weights, speculative decoding cannot verify against NaN"
         )
+    if torch.isneginf(logits).all(dim=-1).any():
+        bad = torch.isneginf(logits).all(dim=-1).nonzero()[0].tolist()
+        raise ValueError(
+            f"target logits are all -inf (request {bad[0]}, chain slot {bad[1]}): no token is possible; check the "
+            "target's logits processors / masks"
+        )
+    posinf = torch.isposinf(logits)
+    if bool(posinf.any()):  # +inf is certainty: the distribution is uniform over the +inf entries (argmax: first)
+        logits = torch.where(posinf.any(dim=-1, keepdim=True),
+                             torch.where(posinf, 0.0, float("-inf")), logits)
     vocab = logits.shape[-1]
-    greedy = sampling.temperature == 0
+    greedy = sampling.temperature < MIN_TEMPERATURE
     one_hot = torch.nn.functional.one_hot(logits.argmax(dim=-1), vocab).to(torch.float32)
     if bool(greedy.all()):  # same result as below, without the sort
         return one_hot
