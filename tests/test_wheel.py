@@ -3,6 +3,7 @@ collide with AdapterHub's `adapters` or Hugging Face's `kernels`), and carries w
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -12,8 +13,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wheel_has_one_top_level_package(tmp_path):
+    # build from a clean copy: an in-tree build/ directory would leave stale files behind for later wheels
+    source = tmp_path / "src"
+    shutil.copytree(ROOT / "portable_spec", source / "portable_spec",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(tmp_path), str(ROOT)], check=True, capture_output=True)
+                    str(tmp_path), str(source)], check=True, capture_output=True)
     (wheel,) = tmp_path.glob("portable_spec-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
