@@ -175,6 +175,21 @@ def build_cases() -> list[dict]:
                        ["ragged", "temperature", "top_k", "top_p", "batch"], logits, drafts,
                        [SamplingParams(temperature=0.9, top_k=8, top_p=0.95)] * 5, 19, [10, 11, 12, 13, 14],
                        [5, 9, 13, 17, 21], num_drafts=[5, 3, 0, 1, 5]))
+
+    logits = _logits(g, 2, 3)
+    q = torch.randint(1, 9, (2, 2, VOCAB), generator=g).float()
+    order = logits[:, 0].argsort(-1, descending=True)
+    drafts = torch.stack((torch.stack((order[0, 5], order[0, 0])), torch.stack((order[1, 0], order[1, 0]))))
+    q[0, 0, drafts[0, 0]] = 0.0  # row 0: outside top-k 2 (p = 0) and q = 0: u * q <= p holds, must still reject
+    q[1, 0, drafts[1, 0]] = 0.0  # row 1: the target's argmax (p > 0) but q = 0: a draft q could not propose
+    q = torch.floor(q / q.sum(-1, keepdim=True) * 256) / 256
+    # the rounding remainder goes to a token no draft uses, so the zeros stay zero
+    spare = next(t for t in range(VOCAB) if t not in drafts.flatten().tolist())
+    q[..., spare] += 1 - q.sum(-1)
+    cases.append(_case("draft_prob_zero", "A draft whose draft probability is 0 is rejected (p = 0 and p > 0 rows).",
+                       ["draft_probs", "temperature", "top_k", "first_reject", "batch"], logits, drafts,
+                       [SamplingParams(temperature=1.0, top_k=2), SamplingParams(temperature=1.0)], 20, [0, 1],
+                       [30, 31], draft_probs=q))
     _assert_promises(cases)
     return cases
 
@@ -188,6 +203,7 @@ def _assert_promises(cases: list[dict]) -> None:
     assert by_name["greedy_ties"]["accepted_len"] == [0, 1, 2] and by_name["greedy_ties"]["next_token"][:2] == [3, 0]
     assert by_name["temperature_all_accept"]["accepted_len"] == [4, 4]
     assert by_name["temperature_first_reject"]["accepted_len"] == [0, 0]
+    assert by_name["draft_prob_zero"]["accepted_len"] == [0, 0]
     assert by_name["top_k_top_p_ties"]["accepted_len"][0] == 0
     accepted = by_name["ragged_sampled_batch"]["accepted_len"]
     assert accepted[2] == 0 and 0 < max(accepted)

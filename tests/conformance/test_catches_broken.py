@@ -10,7 +10,7 @@ from portable_spec.backends import BACKENDS
 from portable_spec.conformance.checks import all_checks
 from portable_spec.conformance.runner import FAIL, PASS, SKIP, XFAIL, XPASS, ExpectedFailures, format_report, resolve_backend, run_check
 from .toy_backends import (GlobalRngBackend, LayerShiftBackend, OffByOneBackend, ToyVerifierBackend,
-                           UnavailableBackend)
+                           UnavailableBackend, ZeroQBackend)
 
 CHECKS = {check.id: check for check in all_checks()}
 NONE_EXPECTED = ExpectedFailures(format_version=1, entries=[])
@@ -34,6 +34,13 @@ def test_off_by_one_acceptance_is_caught(workspace) -> None:
         assert results[cid].status == FAIL, cid
     assert "accepted_len" in results["golden/greedy_first_reject"].detail
     assert results["golden/greedy_all_accept"].status == PASS  # nothing to reject: the bug is invisible there
+
+
+def test_accepting_a_draft_with_zero_draft_probability_is_caught(workspace) -> None:
+    """The hole found by hand (top-k 2, q(draft) = 0, p(draft) = 0: u * q <= p held) fails the golden file."""
+    results = outcomes(ZeroQBackend(), VERIFY_CHECKS, workspace)
+    assert results["golden/draft_prob_zero"].status == FAIL
+    assert "accepted_len" in results["golden/draft_prob_zero"].detail
 
 
 def test_verifier_using_global_rng_is_caught(workspace) -> None:

@@ -14,7 +14,8 @@ from portable_spec.sampling import SamplingBatch, target_probs
 from portable_spec.target import TargetModel
 from portable_spec.verify import VerifyResult
 
-VERIFIER_BUGS = ("off_by_one", "global_rng", "accept_with_p", "resample_from_p", "unnormalised_residual")
+VERIFIER_BUGS = ("off_by_one", "global_rng", "accept_with_p", "resample_from_p", "unnormalised_residual",
+                 "accept_zero_q")
 
 
 def toy_verify(target_logits, draft_tokens, sampling: SamplingBatch, noise: VerifyNoise, draft_probs=None,
@@ -35,6 +36,8 @@ def toy_verify(target_logits, draft_tokens, sampling: SamplingBatch, noise: Veri
     p_draft = p[:, :n].gather(-1, draft_tokens[..., None])[..., 0]
     q_draft = q[:, :n].gather(-1, draft_tokens[..., None])[..., 0]
     passes = accept_u <= p_draft if bug == "accept_with_p" else accept_u * q_draft <= p_draft
+    if bug != "accept_zero_q":  # a draft the drafter gave probability 0 cannot have come from q: reject it
+        passes &= q_draft > 0
     passes &= torch.arange(n) < num_drafts[:, None]
     accepted_len = passes.long().cumprod(-1).sum(-1)
     if bug == "off_by_one":  # counts the first rejected draft as accepted
@@ -72,6 +75,7 @@ def broken_verifier(bug: str) -> type[ToyVerifierBackend]:
 
 OffByOneBackend = broken_verifier("off_by_one")
 GlobalRngBackend = broken_verifier("global_rng")
+ZeroQBackend = broken_verifier("accept_zero_q")
 
 
 class LayerShiftBackend(ReferenceBackend):
