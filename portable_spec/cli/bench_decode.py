@@ -70,11 +70,11 @@ def plot(rows: list[ComparisonRow], path: Path) -> None:
 
 def layout_jobs(drafters: dict[str, Drafter], num_drafts: int) -> list[DecodeJob]:
     """Rows that show what the decode-shaped matmul layout (decode_matmul.py) is worth: plain greedy and
-    depth_causal with torch's own F.linear everywhere, in the same run."""
+    the shift-mix drafter (depth_causal) with torch's own F.linear everywhere, in the same run."""
     suffix = " (torch F.linear)"
     jobs = [DecodeJob(PLAIN.split(" (")[0] + suffix, None, 0, decode_matmul=False)]
-    if "depth_causal" in drafters:
-        jobs.append(DecodeJob("depth_causal" + suffix, drafters["depth_causal"], num_drafts, decode_matmul=False))
+    jobs += [DecodeJob(kind + suffix, drafter, num_drafts, decode_matmul=False)
+             for kind, drafter in drafters.items() if drafter.behaviour.shift_mix]  # the method this project ports
     return jobs
 
 
