@@ -48,22 +48,8 @@ class SamplingBatch:
 def target_probs(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tensor:
     """logits [B, n, V] -> probabilities [B, n, V] (float32) after temperature, top-k and top-p."""
     logits = logits.to(torch.float32)
-    if torch.isnan(logits).any():
-        bad = torch.isnan(logits).any(dim=-1).nonzero()[0].tolist()
-        raise ValueError(
-            f"target logits contain NaN (request {bad[0]}, chain slot {bad[1]}); the target model diverged: "
-            "check its dtype/weights, speculative decoding cannot verify against NaN"
-        )
-    if torch.isneginf(logits).all(dim=-1).any():
-        bad = torch.isneginf(logits).all(dim=-1).nonzero()[0].tolist()
-        raise ValueError(
-            f"target logits are all -inf (request {bad[0]}, chain slot {bad[1]}): no token is possible; check the "
-            "target's logits processors / masks"
-        )
-    posinf = torch.isposinf(logits)
-    if bool(posinf.any()):  # +inf is certainty: the distribution is uniform over the +inf entries (argmax: first)
-        logits = torch.where(posinf.any(dim=-1, keepdim=True),
-                             torch.where(posinf, 0.0, float("-inf")), logits)
+    if not bool(torch.isfinite(logits).all()):  # one pass (and one sync) per call on the common, finite path
+        logits = _without_non_finite(logits)
     vocab = logits.shape[-1]
     greedy = sampling.temperature < MIN_TEMPERATURE
     one_hot = torch.nn.functional.one_hot(logits.argmax(dim=-1), vocab).to(torch.float32)
@@ -81,3 +67,23 @@ def target_probs(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tensor:
     sorted_probs = sorted_probs / sorted_probs.sum(dim=-1, keepdim=True)
     probs = torch.empty_like(sorted_probs).scatter_(-1, order, sorted_probs)
     return torch.where(greedy[:, None, None], one_hot, probs)
+
+
+def _without_non_finite(logits: torch.Tensor) -> torch.Tensor:
+    """NaN or an all -inf slot is an error naming the slot; +inf is certainty: the slot's distribution becomes
+    uniform over its +inf entries (argmax: the first); other -inf entries are masked tokens and stay."""
+    nan, all_neginf = torch.isnan(logits).any(dim=-1), torch.isneginf(logits).all(dim=-1)
+    if bool(nan.any()):
+        bad = nan.nonzero()[0].tolist()
+        raise ValueError(
+            f"target logits contain NaN (request {bad[0]}, chain slot {bad[1]}); the target model diverged: "
+            "check its dtype/weights, speculative decoding cannot verify against NaN"
+        )
+    if bool(all_neginf.any()):
+        bad = all_neginf.nonzero()[0].tolist()
+        raise ValueError(
+            f"target logits are all -inf (request {bad[0]}, chain slot {bad[1]}): no token is possible; check the "
+            "target's logits processors / masks"
+        )
+    posinf = torch.isposinf(logits)
+    return torch.where(posinf.any(dim=-1, keepdim=True), torch.where(posinf, 0.0, float("-inf")), logits)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from portable_spec.backends import Backend
 
+from ..shared_validate import ENGINE_KINDS
 from .validate import installed_sglang_version
 
 CPU_REFUSAL = "DFLASH speculative decoding is not supported by SRTPlatform on device 'cpu'."
@@ -14,7 +15,7 @@ CPU_REFUSAL = "DFLASH speculative decoding is not supported by SRTPlatform on de
 
 class SglangBackend(Backend):
     name = "sglang"
-    kinds_supported = ("parallel", "depth_causal")
+    kinds_supported = ENGINE_KINDS
 
     def unavailable_reason(self) -> str | None:
         import torch

@@ -23,7 +23,6 @@ from .. import shared_validate
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 ALGORITHM = "DFLASH"  # the SGLang algorithm that serves portable-spec drafters
 DEPTH_CAUSAL_ARCHITECTURE = DepthCausalVariant.engine_architecture
-SGLANG_KINDS = shared_validate.ENGINE_KINDS  # drafter kinds with an SGLang route
 # Names a user may try as --speculative-algorithm; each gets a pointer to DFLASH instead of "Unknown name".
 OUR_NAMES = ("PORTABLE_SPEC", "PORTABLE-SPEC", "DEPTH_CAUSAL", "DEPTH-CAUSAL", "PARALLEL", "AUTOREGRESSIVE")
 

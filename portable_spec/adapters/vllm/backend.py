@@ -9,10 +9,12 @@ import importlib.util
 
 from portable_spec.backends import Backend
 
+from ..shared_validate import ENGINE_KINDS
+
 
 class VllmBackend(Backend):
     name = "vllm"
-    kinds_supported = ("parallel", "depth_causal")
+    kinds_supported = ENGINE_KINDS
 
     def unavailable_reason(self) -> str | None:
         if importlib.util.find_spec("vllm") is None:

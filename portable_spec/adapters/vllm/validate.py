@@ -20,7 +20,6 @@ from .. import shared_validate
 
 SUPPORTED_VLLM_VERSIONS = ("0.32",)  # major.minor: the adapter subclasses qwen3_dflash internals of these
 METHOD = "dflash"
-VLLM_KINDS = shared_validate.ENGINE_KINDS
 PARALLEL_ARCHITECTURE = ParallelVariant.engine_architecture  # vLLM's own DFlashDraftModel
 DEPTH_CAUSAL_ARCHITECTURE = DepthCausalVariant.engine_architecture
 # vLLM's EAGLEConfig prefixes "DFlash"/"Eagle"/"Eagle3" to names that lack it; every spelling gets the refusal.
