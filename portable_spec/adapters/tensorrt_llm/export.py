@@ -1,9 +1,11 @@
 """TensorRT-LLM export: what its build/load step consumes, per installed version and drafter variant.
 
 Routes (one registry, ROUTES):
-  dflash  TensorRT-LLM >= 1.3 (PyTorch backend, `DFlashDecodingConfig`), parallel drafters only: a
-          z-lab-style DFlash HF checkpoint + the LLM-API `speculative_config`. Stock DFlash runs a
-          bidirectional block with no shift-mix, so depth_causal and autoregressive cannot be expressed.
+  dflash  TensorRT-LLM >= 1.3 (PyTorch backend, `DFlashDecodingConfig`): a z-lab-style DFlash HF checkpoint + the
+          LLM-API `speculative_config`. `parallel` is DFlash's own drafter. `depth_causal` (causal block +
+          shift-mix) runs in the same mode through plugin.py (TensorRT-LLM's draft-model builder registry,
+          >= 1.4): the checkpoint adds `layers.{i}.shift_mix.weight`, and OUT gains the module directory that
+          `trtllm-serve --custom_module_dirs` imports. `autoregressive` (one pass per token) cannot be expressed.
   onnx    any version, any variant: the bound drafter graph for the TensorRT builder (trtexec /
           tensorrt.OnnxParser) with optimization-profile shapes. No TensorRT-LLM LLM-API mode feeds
           target hidden states to an external drafter engine, so `speculative_config` is null and the
@@ -30,12 +32,19 @@ from portable_spec.spec import SpecError, read_config
 from portable_spec.target import TargetModel
 from portable_spec.variants import behaviour_of
 
-from .onnx_export import DEFAULT_OPSET, INPUT_NAMES, bind_for_export, check_block_size, check_opset, write_graph_files
+from ..shared_validate import refuse_reduced_vocabulary
+
+from ..onnx_export import DEFAULT_OPSET, INPUT_NAMES, bind_for_export, check_block_size, check_opset, write_graph_files
+from .depth_causal import SHIFT_MIX_WEIGHT
 
 MANIFEST_FILE = "trtllm.json"
 DRAFT_DIR = "draft"  # the DFlash HF checkpoint inside the dflash route's output
 LLM_API_OPTIONS_FILE = "extra_llm_api_options.yaml"  # for `trtllm-serve --extra_llm_api_options`
 DFLASH_MIN_VERSION = (1, 3)
+# The draft-model builder registry plugin.py needs; read on TensorRT-LLM's main branch (registry test at commit
+# e27249f524b1211029b4f30346e7e0b7b57d2d1c), so a lower bound: plugin.register() checks for the registry itself.
+IN_LOOP_MIN_VERSION = (1, 4)
+MODULE_DIR = "portable_spec_trtllm"  # the package `trtllm-serve --custom_module_dirs` imports: it calls register()
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Drafter weights DFlash's loader knows (DFlashForCausalLM.load_weights); anything else cannot be expressed.
 DFLASH_WEIGHT = re.compile(
@@ -94,9 +103,15 @@ def _dflash_unsupported(kind: str, version: str) -> str | None:
     if parse_version(version) < DFLASH_MIN_VERSION:
         return (f"TensorRT-LLM {version} has no DFlash mode (DFlashDecodingConfig arrived in 1.3; 1.2.x has only "
                 "EAGLE3/MTP/draft-target/n-gram/user-provided, none feeds target hidden states to a block drafter)")
-    if not behaviour_of(kind).engine_native:
-        return (f"variant={kind!r} cannot be expressed by TensorRT-LLM's DFlash (bidirectional block attention, no "
-                "shift-mix, one parallel pass); only 'parallel' drafters map onto DFlashDecodingConfig")
+    behaviour = behaviour_of(kind)
+    if not behaviour.single_pass:
+        return (f"variant={kind!r} drafts one token per pass; TensorRT-LLM's DFlash mode runs one pass per round, so "
+                "only single-pass drafters (parallel, depth_causal) map onto DFlashDecodingConfig")
+    if not behaviour.engine_native and parse_version(version) < IN_LOOP_MIN_VERSION:
+        needed = ".".join(map(str, IN_LOOP_MIN_VERSION))
+        return (f"variant={kind!r} runs in TensorRT-LLM's DFlash mode only through portable-spec's draft-model "
+                f"builder (causal block + shift-mix), which needs TensorRT-LLM >= {needed} (the draft-model builder "
+                f"registry); found {version}")
     return None
 
 
@@ -113,17 +128,22 @@ def resolve_route(kind: str, request: ExportRequest) -> str:
     reason = ROUTES[name].unsupported(kind, request.trtllm_version)
     if reason:
         raise SpecError(
-            f"route={name}: {reason}. Fix: for TensorRT-LLM >= 1.3 export a 'parallel' drafter, or pass --route onnx "
-            "for a standalone TensorRT drafter engine driven by portable-spec (TensorRT-LLM's LLM API cannot use it)"
+            f"route={name}: {reason}. Fix: export a parallel drafter (TensorRT-LLM >= 1.3) or a depth_causal one "
+            "(>= 1.4), or pass --route onnx for a standalone TensorRT drafter engine driven by portable-spec "
+            "(TensorRT-LLM's LLM API cannot use it)"
         )
     return name
 
 
 # -- dflash route -------------------------------------------------------------------------------------
 def dflash_weights(drafter: Drafter, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Drafter-owned weights under DFlash names (ours already match); unknown names cannot be expressed."""
+    """Drafter-owned weights under DFlash names (ours already match), plus depth_causal's shift-mix weights, which
+    plugin.py's mixin takes before TensorRT-LLM's loader sees the rest; anything else cannot be expressed."""
+    refuse_reduced_vocabulary(drafter.config, "drafter", "TensorRT-LLM")
+    shift_mix = drafter.behaviour.shift_mix
     weights = {name: t.detach().to("cpu", dtype).contiguous() for name, t in drafter.state_dict().items()}
-    foreign = sorted(name for name in weights if not DFLASH_WEIGHT.match(name))
+    foreign = sorted(name for name in weights
+                     if not DFLASH_WEIGHT.match(name) and not (shift_mix and SHIFT_MIX_WEIGHT.match(name)))
     if foreign:
         raise SpecError(
             f"variant={drafter.config.kind!r}: weights {foreign[:4]} have no place in a DFlash checkpoint; "
@@ -149,7 +169,7 @@ def dflash_hf_config(target: TargetModel, drafter: Drafter, dtype: str) -> dict:
         "tie_word_embeddings": False, "torch_dtype": dtype,
         "use_sliding_window": False, "sliding_window": None, "max_window_layers": c.num_hidden_layers,
         "layer_types": ["full_attention"] * c.num_hidden_layers,
-        "is_causal": False, "block_size": c.block_size, "num_target_layers": c.target.num_hidden_layers,
+        "is_causal": drafter.behaviour.block_causal, "block_size": c.block_size, "num_target_layers": c.target.num_hidden_layers,
         "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids),
                           "block_size": c.block_size, "num_target_layers": c.target.num_hidden_layers},
         "portable_spec": {"variant": c.kind, "format_version": c.format_version,
@@ -173,10 +193,23 @@ def _write_dflash(tmp: Path, final: Path, target: TargetModel, drafter: Drafter,
     spec = dflash_speculative_config(drafter, final.resolve() / DRAFT_DIR, num_drafts)
     lines = ["speculative_config:"] + [f"  {key}: {json.dumps(value)}" for key, value in spec.items()]
     (tmp / LLM_API_OPTIONS_FILE).write_text("\n".join(lines) + "\n")
-    return {"speculative_config": spec,
-            "build": {"step": "none: the PyTorch backend loads the draft checkpoint at LLM(...) construction",
-                      "llm_api": "LLM(model=TARGET, speculative_config=DFlashDecodingConfig(**speculative_config))",
-                      "serve": f"trtllm-serve TARGET --extra_llm_api_options {LLM_API_OPTIONS_FILE}"}}
+    build = {"step": "none: the PyTorch backend loads the draft checkpoint at LLM(...) construction",
+             "llm_api": "LLM(model=TARGET, speculative_config=DFlashDecodingConfig(**speculative_config))",
+             "serve": f"trtllm-serve TARGET --extra_llm_api_options {LLM_API_OPTIONS_FILE}"}
+    if not drafter.behaviour.engine_native:
+        (tmp / MODULE_DIR).mkdir()
+        (tmp / MODULE_DIR / "__init__.py").write_text(
+            '"""Imported by `trtllm-serve --custom_module_dirs`: serve portable depth_causal drafters in DFlash mode."""\n'
+            "from portable_spec.adapters.tensorrt_llm.plugin import register\n\nregister()\n"
+        )
+        module_dir = final.resolve() / MODULE_DIR
+        build = {**build,
+                 "plugin": "portable_spec.adapters.tensorrt_llm.plugin (needs portable-spec installed next to "
+                           "TensorRT-LLM)",
+                 "llm_api": "from portable_spec.adapters.tensorrt_llm.plugin import register; register(); "
+                            + build["llm_api"],
+                 "serve": f"{build['serve']} --custom_module_dirs {module_dir}"}
+    return {"speculative_config": spec, "build": build}
 
 
 # -- onnx route ---------------------------------------------------------------------------------------
