@@ -22,7 +22,7 @@ pytest.importorskip("onnxruntime")
 
 from portable_spec.adapters.onnx import OnnxDrafterGraph  # noqa: E402
 from portable_spec.adapters.tensorrt_llm import (  # noqa: E402
-    DRAFT_DIR, LLM_API_OPTIONS_FILE, MANIFEST_FILE, DFlashSpeculativeConfig, ExportRequest, dflash_weights,
+    DRAFT_DIR, LLM_API_OPTIONS_FILE, MANIFEST_FILE, MODULE_DIR, DFlashSpeculativeConfig, ExportRequest, dflash_weights,
     export_for_trtllm, export_trtllm, validate_speculative_config,
 )
 from portable_spec.cli import main  # noqa: E402
@@ -217,3 +217,10 @@ def test_cli_export_trtllm(pairs, tmp_path, capsys):
     assert '"max_draft_len": 4' in capsys.readouterr().out
     assert {p.name for p in (tmp_path / "out").iterdir()} == {DRAFT_DIR, MANIFEST_FILE, LLM_API_OPTIONS_FILE,
                                                           OUTPUT_MARKER}
+    assert main(args + ["--trtllm-version", "1.3.0rc27", "--num-draft-tokens", "0"]) == 2  # not silently 7
+    assert "num_draft_tokens=0" in capsys.readouterr().err
+    target_dir, drafter_dir = pairs["depth_causal"]
+    args = ["export", "trtllm", str(drafter_dir), str(tmp_path / "dc"), "--target", str(target_dir)]
+    assert main(args + ["--trtllm-version", "1.4.0"]) == 0
+    printed = capsys.readouterr().out
+    assert f"--custom_module_dirs {(tmp_path / 'dc' / MODULE_DIR).resolve()}" in printed and "register()" in printed

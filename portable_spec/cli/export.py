@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out}: route={manifest['route']} for TensorRT-LLM {version} ({time.perf_counter() - start:.1f}s)")
     if manifest["speculative_config"] is not None:
         print("speculative_config = " + json.dumps(manifest["speculative_config"]))
+        print(f"serve: {manifest['build']['serve']}\nllm_api: {manifest['build']['llm_api']}")
     else:
         print(f"build: {manifest['build']['trtexec']}\nllm_api: {manifest['llm_api']}")
     return 0

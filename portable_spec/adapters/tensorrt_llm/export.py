@@ -256,7 +256,7 @@ def check_request(kind: str, block_size: int, request: ExportRequest, requested_
         raise SpecError(f"dtype={request.dtype!r} is unknown; valid options: {', '.join(DTYPES)}")
     if route == "onnx":
         check_opset(request.opset)
-    num_drafts = request.num_draft_tokens or block_size - 1
+    num_drafts = block_size - 1 if request.num_draft_tokens is None else request.num_draft_tokens
     if not 1 <= num_drafts <= block_size - 1:
         raise SpecError(f"num_draft_tokens={num_drafts} does not fit block_size={block_size}: use 1..{block_size - 1}")
     if request.max_batch < 1 or request.max_context < 1:
