@@ -46,8 +46,8 @@ def check_target_matches(
         )
     if problems:
         raise SpecError(
-            "drafter/target mismatch:\n  "
-            + "\n  ".join(problems)
-            + f"\n  fix: serve the target the drafter was trained for ({expected.model_id!r}) "
+            "drafter/target mismatch: "
+            + "; ".join(problems)
+            + f"; fix: serve the target the drafter was trained for ({expected.model_id!r}) "
             "or train a drafter for this target with `portable-spec train`"
         )

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .spec import DrafterConfig, SpecError, read_config
@@ -35,18 +36,25 @@ def _previous_output_kind(out_dir: Path) -> str | None:
     return None
 
 
-def check_output_dir(out_dir: Path, kind: str) -> None:
+def check_output_dir(out_dir: Path, kind: str, inputs: tuple = (), force: bool = False) -> None:
     """Refuse, before any work, an output path that would destroy what this program did not write: a file, or a
-    non-empty directory that holds no previous output of the same kind (e.g. the drafter or target passed as input)."""
+    non-empty directory that holds no previous output of the same kind (e.g. the drafter or target passed as input;
+    `force` lifts this one rule), or a path equal to or inside one of `inputs` (the directories this command reads,
+    never lifted)."""
     out_dir = Path(out_dir)
+    for source in inputs:
+        source = Path(source).resolve()
+        if out_dir.resolve() == source or source in out_dir.resolve().parents:
+            raise SpecError(f"output {out_dir} is {'' if out_dir.resolve() == source else 'inside '}the input "
+                            f"{source}; write the output somewhere else (nothing was changed)")
     if out_dir.exists() and not out_dir.is_dir():
         raise SpecError(f"output {out_dir} is a file; pass a directory path (nothing was changed)")
-    if out_dir.is_dir() and any(out_dir.iterdir()):
+    if out_dir.is_dir() and not force and any(out_dir.iterdir()):
         found = _previous_output_kind(out_dir)
         if found != kind:
             held = f"a portable-spec {found} output" if found else "files portable-spec did not write"
             raise SpecError(f"output {out_dir} is not empty and holds {held}, not a previous {kind} output; "
-                            "pass a new or empty directory (nothing was changed)")
+                            "pass a new or empty directory, or --force to replace it (nothing was changed)")
     probe = out_dir.parent
     while not probe.exists():
         probe = probe.parent
@@ -67,11 +75,12 @@ def write_file_atomically(path: Path, write: "callable[[Path], None]") -> Path:
     return path
 
 
-def write_dir_atomically(out_dir: Path, write: "callable[[Path], None]", kind: str = "drafter") -> Path:
+def write_dir_atomically(out_dir: Path, write: "callable[[Path], None]", kind: str = "drafter",
+                         force: bool = False) -> Path:
     """Run `write(tmp_dir)`, then rename tmp_dir to out_dir; on any error nothing is left at out_dir and a replaced
     previous output is restored. Only an empty directory or a previous output of the same `kind` is replaced."""
     out_dir = Path(out_dir)
-    check_output_dir(out_dir, kind)
+    check_output_dir(out_dir, kind, force=force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
@@ -118,6 +127,11 @@ def load_drafter_files(ckpt_dir: Path) -> tuple[DrafterConfig, dict[str, torch.T
     ckpt_dir = Path(ckpt_dir)
     config = read_config(ckpt_dir)
     weights_path = ckpt_dir / WEIGHTS_FILE
-    if not weights_path.exists():
-        raise SpecError(f"{weights_path}: not found; a drafter checkpoint needs {WEIGHTS_FILE} beside config.json")
-    return config, load_file(str(weights_path))
+    if not weights_path.is_file():
+        what = "is a directory" if weights_path.is_dir() else "not found"
+        raise SpecError(f"{weights_path}: {what}; a drafter checkpoint needs the file {WEIGHTS_FILE} beside config.json")
+    try:
+        return config, load_file(str(weights_path))
+    except (SafetensorError, OSError, ValueError) as error:
+        raise SpecError(f"{weights_path}: not a readable safetensors file ({error}); it is truncated, corrupt or "
+                        "another format (pickles are never loaded): re-save the checkpoint with portable-spec") from None

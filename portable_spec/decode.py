@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +36,19 @@ class GenerationConfig(BaseModel):
         "least this (at least one draft); 0 verifies every draft. Lossless for any value: verification is unchanged.")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     seed: int = Field(0, ge=0, lt=2**64, description="Keys the counter-based noise with each request id.")
+
+
+MAX_REQUEST_ID = 2**32  # the noise key holds 32 bits of request id (noise.keyed_uniforms)
+
+
+def check_request_ids(request_ids: list[int], batch: int) -> None:
+    """One integer id per prompt in [0, 2**32): larger ids would alias (2**40 would draw request 0's samples)."""
+    if len(request_ids) != batch:
+        raise SpecError(f"request_ids has {len(request_ids)} entries for {batch} prompts; give one per prompt")
+    for index, rid in enumerate(request_ids):
+        if isinstance(rid, bool) or not isinstance(rid, (int, np.integer)) or not 0 <= rid < MAX_REQUEST_ID:
+            raise SpecError(f"request_ids[{index}]={rid!r}: request ids are integers in [0, 2**32) (the noise key "
+                            "holds 32 bits); map larger ids into that range")
 
 
 @dataclass
@@ -98,6 +112,10 @@ class SpeculativeDecoder:
         for index, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise SpecError(f"prompts[{index}] is empty: every prompt needs at least one token (e.g. BOS)")
+            bad = next((t for t in prompt if isinstance(t, bool) or not isinstance(t, (int, np.integer))), None)
+            if bad is not None:  # 3.7 would be truncated to 3 by torch.tensor: refuse instead
+                raise SpecError(f"prompts[{index}] holds {bad!r} ({type(bad).__name__}); token ids are integers "
+                                "from the target's tokenizer")
             if min(prompt) < 0 or max(prompt) >= vocab:
                 raise SpecError(f"prompts[{index}] has token ids outside [0, {vocab}); tokenize with the target's tokenizer")
 
@@ -122,8 +140,8 @@ class SpeculativeDecoder:
         device, batch = self.target.device, len(prompts)
         stats, start = DecodeStats(), time.perf_counter()
         sampling = SamplingBatch.from_params([config.sampling] * batch, device)
-        if request_ids is not None and len(request_ids) != batch:
-            raise SpecError(f"request_ids has {len(request_ids)} entries for {batch} prompts; give one per prompt")
+        if request_ids is not None:
+            check_request_ids(request_ids, batch)
         request_ids = torch.tensor(request_ids if request_ids is not None else range(batch), device=device)
 
         lengths = torch.tensor([len(p) for p in prompts], device=device)

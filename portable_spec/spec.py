@@ -187,7 +187,8 @@ class DrafterConfig(_Strict):
 
 
 def _format_validation_error(error: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid drafter config"]
+    """One line: every bad field with its value and what is wrong."""
+    problems = []
     for item in error.errors():
         field = ".".join(str(part) for part in item["loc"]) or "(root)"
         value = item.get("input")
@@ -197,8 +198,8 @@ def _format_validation_error(error: ValidationError, source: str) -> str:
             message = f"unknown field; valid fields: {', '.join(DrafterConfig.model_fields)}"
         elif item["type"] == "union_tag_invalid":
             message = f"unknown variant; valid options: {', '.join(VARIANT_KINDS)}"
-        lines.append(f"  {field}{shown}: {message}")
-    return "\n".join(lines)
+        problems.append(f"{field}{shown}: {message}")
+    return f"{source}: invalid drafter config: " + "; ".join(problems)
 
 
 ENGINE_KEYS = ("architectures", "model_type", "hidden_act", "attention_bias", "tie_word_embeddings",
@@ -229,11 +230,12 @@ def read_config(path: Path) -> DrafterConfig:
     """Read and validate `config.json` from a checkpoint directory (or a direct file path)."""
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
-    if not file.exists():
-        raise SpecError(f"{file}: not found; a drafter checkpoint is a directory with config.json + model.safetensors")
+    if not file.is_file():
+        what = "is a directory" if file.is_dir() else "not found"
+        raise SpecError(f"{file}: {what}; a drafter checkpoint is a directory with config.json + model.safetensors")
     try:
         data = json.loads(file.read_text())
-    except json.JSONDecodeError as error:
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise SpecError(f"{file}: not valid JSON ({error}); rewrite it with `portable-spec` tools") from None
     if not isinstance(data, dict):
         raise SpecError(f"{file}: top level must be a JSON object, got {type(data).__name__}")

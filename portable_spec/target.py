@@ -11,11 +11,12 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from .binding import check_target_matches, target_fingerprint
 from .drafter import Drafter, SharedTargetModules, load_drafter
 from .spec import DrafterConfig, SpecError
+from .target_checks import load_causal_lm
 
 
 class TargetModel:
@@ -29,8 +30,8 @@ class TargetModel:
 
     @classmethod
     def load(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "TargetModel":
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
-        return cls(model, str(path))
+        """A local decoder-only causal LM whose weights all loaded (target_checks), else one SpecError."""
+        return cls(load_causal_lm(path, dtype), str(path))
 
     @property
     def config(self):

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from .checkpoint import write_dir_atomically
 from .data import sample_windows
 from .drafter import Drafter, load_drafter
-from .spec import DrafterConfig, parse_config
+from .spec import DrafterConfig, SpecError, parse_config, read_config
 from .target import TargetModel
 
 
@@ -124,28 +124,63 @@ def _lr_at(step: int, config: TrainConfig) -> float:
     return config.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def _save_state(state_dir: Path, drafter: Drafter, optimizer: torch.optim.Optimizer, step: int) -> None:
+def check_shapes(block_size: int, config: TrainConfig) -> None:
+    """Anchors need a whole block after them inside a sequence: seq_len - block_size >= anchors_per_seq."""
+    room = config.seq_len - block_size
+    if room < config.anchors_per_seq:
+        raise SpecError(f"seq_len={config.seq_len} leaves {max(room, 0)} anchor positions for block_size="
+                        f"{block_size}, anchors_per_seq={config.anchors_per_seq} needs that many; use "
+                        f"--seq-len >= {block_size + config.anchors_per_seq}")
+
+
+RESUMABLE_CHANGES = ("steps", "save_every")  # a resumed run may train longer or save more often; nothing else
+
+
+def _save_state(state_dir: Path, drafter: Drafter, optimizer: torch.optim.Optimizer, step: int,
+                config: TrainConfig) -> None:
     state = optimizer.state_dict()
     tensors = {f"state.{i}.{name}": value for i, entry in state["state"].items() for name, value in entry.items()}
 
     def write(tmp: Path) -> None:
         drafter.save(tmp / "drafter")
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "param_groups": state["param_groups"]}))
+        (tmp / "trainer_state.json").write_text(json.dumps(
+            {"step": step, "param_groups": state["param_groups"], "train_config": config.model_dump()}))
 
     write_dir_atomically(state_dir, write, kind="training-state")
 
 
-def _load_state(state_dir: Path, target: TargetModel, optimizer_for) -> tuple[Drafter, torch.optim.Optimizer, int]:
+def _differences(saved: dict, asked: dict, ignore: tuple[str, ...] = ()) -> list[str]:
+    return [f"{key}: saved {saved.get(key)!r}, asked {asked.get(key)!r}" for key in sorted(set(saved) | set(asked))
+            if key not in ignore and saved.get(key) != asked.get(key)]
+
+
+def _load_state(state_dir: Path, target: TargetModel, optimizer_for, drafter_config: DrafterConfig,
+                config: TrainConfig) -> tuple[Drafter, torch.optim.Optimizer, int]:
+    """Resume only the run that was asked for: the saved drafter and training configs must match (steps and
+    save_every may change), else a field-by-field diff; a corrupt state file is refused by name."""
+    meta_file = state_dir / "trainer_state.json"
+    try:
+        meta = json.loads(meta_file.read_text())
+        step, groups = int(meta["step"]), meta["param_groups"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as error:
+        raise SpecError(f"{meta_file}: corrupt training state ({type(error).__name__}: {error}); delete {state_dir} "
+                        "to start over, or restore it") from None
+    saved_drafter = read_config(state_dir / "drafter")
+    diff = _differences(saved_drafter.model_dump(), drafter_config.model_dump())
+    if "train_config" in meta:  # states written before the training config was saved carry only the drafter's
+        diff += _differences(meta["train_config"], config.model_dump(), ignore=RESUMABLE_CHANGES)
+    if diff:
+        raise SpecError(f"{state_dir}: holds another training run than the one asked for ({'; '.join(diff)}); "
+                        f"use another --work-dir, delete {state_dir} to start over, or ask for the saved settings")
     drafter = load_drafter(state_dir / "drafter", target.shared_modules())
     optimizer = optimizer_for(drafter)
-    meta = json.loads((state_dir / "trainer_state.json").read_text())
     state: dict = {}
     for key, value in load_file(str(state_dir / "optimizer.safetensors")).items():
         _, index, name = key.split(".", 2)
         state.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-    return drafter, optimizer, meta["step"]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    return drafter, optimizer, step
 
 
 def train_drafter(
@@ -153,6 +188,16 @@ def train_drafter(
     out_dir: Path, state_dir: Path | None = None, progress: bool = True,
 ) -> Drafter:
     """Train on a raw token stream (the fixtures' recipe): the target runs on every batch."""
+    vocab = target.model.get_input_embeddings().weight.shape[0]
+    if stream.ndim != 1 or stream.dtype.is_floating_point or stream.dtype == torch.bool:
+        raise SpecError(f"stream: a 1-D tensor of integer token ids is needed, got {stream.dtype} of shape "
+                        f"{tuple(stream.shape)}")
+    if len(stream) < config.seq_len:
+        raise SpecError(f"stream has {len(stream)} tokens, fewer than seq_len={config.seq_len}; give more text or "
+                        "lower --seq-len")
+    if int(stream.min()) < 0 or int(stream.max()) >= vocab:
+        raise SpecError(f"stream holds token ids outside [0, {vocab}) (min {int(stream.min())}, max "
+                        f"{int(stream.max())}); tokenize with the target's tokenizer")
     draw = stream_batches(target, stream, config, drafter_config.target_layer_ids, drafter_config.block_size)
     return train_loop(target, drafter_config, draw, config, out_dir, state_dir, progress)
 
@@ -165,6 +210,7 @@ def train_loop(
     """Optimise a drafter on batches `draw(generator) -> (tokens, features, anchors)`; the generator is seeded by
     (seed, step), so resuming from state_dir (saved every save_every steps) repeats the uninterrupted run."""
     target.check_drafter(drafter_config)
+    check_shapes(drafter_config.block_size, config)
     for param in target.model.parameters():
         param.requires_grad_(False)
 
@@ -172,7 +218,7 @@ def train_loop(
         return torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
 
     if state_dir is not None and (Path(state_dir) / "trainer_state.json").exists():
-        drafter, optimizer, start = _load_state(Path(state_dir), target, optimizer_for)
+        drafter, optimizer, start = _load_state(Path(state_dir), target, optimizer_for, drafter_config, config)
     else:
         torch.manual_seed(config.seed)
         drafter, start = Drafter(drafter_config, target.shared_modules()), 0
@@ -195,7 +241,7 @@ def train_loop(
         if log is not None:
             log(step + 1, loss.item())
         if state_dir is not None and ((step + 1) % config.save_every == 0 or step + 1 == config.steps):
-            _save_state(Path(state_dir), drafter, optimizer, step + 1)
+            _save_state(Path(state_dir), drafter, optimizer, step + 1, config)
     drafter.eval()
     drafter.save(out_dir)
     return drafter

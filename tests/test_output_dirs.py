@@ -59,5 +59,12 @@ def test_export_onto_an_input_or_a_users_folder_changes_nothing(tmp_path, capsys
     out = {"drafter": drafter_dir, "target": target_dir, "user": user}[into]
     before = {p: _digest(p) for p in (target_dir, drafter_dir, user)}
     assert main(["export", "onnx", str(drafter_dir), str(out), "--target", str(target_dir)]) != 0
-    assert "not empty" in capsys.readouterr().err
+    assert ("is the input" if into != "user" else "not empty") in capsys.readouterr().err
     assert {p: _digest(p) for p in before} == before
+    # --force lifts only the "not ours" rule: an input is never written over, a user's folder is replaced on request
+    status = main(["export", "onnx", str(drafter_dir), str(out), "--target", str(target_dir), "--force", "--no-verify"])
+    if into == "user":
+        assert status == 0 and (user / "drafter.onnx").exists() and not (user / "thesis.tex").exists()
+    else:
+        assert status == 2 and "is the input" in capsys.readouterr().err
+        assert {p: _digest(p) for p in (target_dir, drafter_dir)} == {p: before[p] for p in (target_dir, drafter_dir)}

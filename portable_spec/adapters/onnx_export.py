@@ -170,13 +170,13 @@ def example_inputs(config: DrafterConfig, batch: int = 2, context: int = 5, seed
 
 
 def export_bound_drafter(target: TargetModel, drafter: Drafter, out_dir: Path, opset: int = DEFAULT_OPSET,
-                         block_size: str | int | None = None, verify: bool = True) -> Path:
+                         block_size: str | int | None = None, verify: bool = True, force: bool = False) -> Path:
     """Write out_dir/{drafter.onnx, config.json, export.json} atomically; nothing is left on any error."""
     check_opset(opset)
     check_block_size(block_size, drafter.config)
     bound = bind_for_export(target, drafter)
     return write_dir_atomically(Path(out_dir), lambda tmp: write_graph_files(tmp, bound, opset, verify),
-                                kind="onnx-export")
+                                kind="onnx-export", force=force)
 
 
 def bind_for_export(target: TargetModel, drafter: Drafter) -> BoundDrafter:
@@ -257,10 +257,10 @@ def _session_options():
 
 
 def export_onnx(drafter_dir: Path, target_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET,
-                block_size: str | int | None = None, verify: bool = True) -> Path:
+                block_size: str | int | None = None, verify: bool = True, force: bool = False) -> Path:
     """`portable-spec export onnx`: cheap checks first (opset, block size), then load, bind and export."""
     check_opset(opset)
     check_block_size(block_size, read_config(Path(drafter_dir)))
-    check_output_dir(Path(out_dir), "onnx-export")  # before loading models; refuses OUT == the drafter or target
+    check_output_dir(Path(out_dir), "onnx-export", inputs=(drafter_dir, target_dir), force=force)  # before loading
     target = TargetModel.load(target_dir)
-    return export_bound_drafter(target, target.load_drafter(drafter_dir), out_dir, opset, block_size, verify)
+    return export_bound_drafter(target, target.load_drafter(drafter_dir), out_dir, opset, block_size, verify, force)

@@ -31,11 +31,13 @@ def run(args: argparse.Namespace) -> int:
     for name in ("prompts", "max_new_tokens", "batch_size"):
         if getattr(args, name) < 1:
             raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be at least 1")
+    if args.num_draft_tokens is not None and args.num_draft_tokens < 1:
+        raise SpecError(f"--num-draft-tokens={args.num_draft_tokens}: must be at least 1 (omit it for the default)")
     if args.draft_confidence is not None and not 0 <= args.draft_confidence < 1:
         raise SpecError(f"--draft-confidence={args.draft_confidence}: use a probability in [0, 1); 0 turns the cut off")
     torch.manual_seed(0)
     setup = load_setup(args.target, args.kinds)
-    num_drafts = args.num_draft_tokens or setup.default_num_drafts
+    num_drafts = setup.default_num_drafts if args.num_draft_tokens is None else args.num_draft_tokens
     prompts = setup.prompts[: args.prompts]
     print(f"target: {setup.describe}, {param_count(setup.target):.1f}M params; {len(prompts)} prompts, "
           f"up to {args.max_new_tokens} new tokens each, greedy, batch {args.batch_size}, "

@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub.add_argument("--target", required=True, help="Target model directory the drafter is bound to.")
         sub.add_argument("--block-size", help="Must equal the checkpoint's block_size ('dynamic' is refused).")
         sub.add_argument("--opset", type=int, default=17, help="ONNX opset, 14..20 (default 17).")
+        sub.add_argument("--force", action="store_true",
+                         help="Replace OUT even if it holds files portable-spec did not write (never an input).")
     onnx.add_argument("--no-verify", action="store_true", help="Skip the onnxruntime-vs-torch check after export.")
     trtllm.add_argument("--trtllm-version", help="Target TensorRT-LLM version (default: the installed one).")
     trtllm.add_argument("--route", default="auto", choices=("auto", "dflash", "onnx"),
@@ -38,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "onnx":
         from portable_spec.adapters.onnx_export import MANIFEST_FILE, export_onnx
 
-        out = export_onnx(args.drafter, args.target, args.out, args.opset, args.block_size, not args.no_verify)
+        out = export_onnx(args.drafter, args.target, args.out, args.opset, args.block_size, not args.no_verify,
+                          args.force)
         manifest = json.loads((out / MANIFEST_FILE).read_text())
         error = manifest.get("verified_max_abs_error")
         print(f"wrote {out}: {manifest['variant']} drafter, block_size={manifest['block_size']}, opset={args.opset}"
@@ -54,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
                         "(e.g. 1.3.0rc27 for the DFlash route, 1.2.1 for the ONNX route)")
     request = ExportRequest(trtllm_version=version, route=args.route, num_draft_tokens=args.num_draft_tokens,
                             dtype=args.dtype, opset=args.opset, max_batch=args.max_batch, max_context=args.max_context)
-    out = export_trtllm(args.drafter, args.target, args.out, request, args.block_size)
+    out = export_trtllm(args.drafter, args.target, args.out, request, args.block_size, args.force)
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     print(f"wrote {out}: route={manifest['route']} for TensorRT-LLM {version} ({time.perf_counter() - start:.1f}s)")
     if manifest["speculative_config"] is not None:

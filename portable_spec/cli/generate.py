@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
-
-from transformers import AutoTokenizer
+from pathlib import Path
 
 from .. import fixtures
 from ..decode import GenerationConfig, SpeculativeDecoder
+from ..spec import SpecError, read_config
 from ..target import TargetModel
+from ..target_checks import check_target_dir, load_tokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,16 +27,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    target = TargetModel.load(args.target)
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
-    drafter = target.load_drafter(args.drafter) if args.drafter else None
-    config = GenerationConfig(
+    config = GenerationConfig(  # every option checked before a model loads
         max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, seed=args.seed,
         draft_confidence=args.draft_confidence,
-        stop_token_ids=(tokenizer.eos_token_id,),
         sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
     )
-    out = SpeculativeDecoder(target, drafter).generate([tokenizer.encode(args.prompt)], config)
+    if args.drafter:
+        read_config(args.drafter).check_num_draft_tokens(args.num_draft_tokens)
+    check_target_dir(Path(args.target))
+    tokenizer = load_tokenizer(args.target)
+    target = TargetModel.load(args.target)
+    drafter = target.load_drafter(args.drafter) if args.drafter else None
+    config = config.model_copy(update={"stop_token_ids": (tokenizer.eos_token_id,)})
+    prompt = tokenizer.encode(args.prompt)
+    if not prompt:
+        raise SpecError("prompt='': the tokenizer gives no tokens for it; pass a non-empty prompt")
+    out = SpeculativeDecoder(target, drafter).generate([prompt], config)
     print(args.prompt + tokenizer.decode(out.tokens[0]))
     print(f"[tau={out.stats.acceptance_length:.2f}, rounds={out.stats.rounds}, {out.stats.seconds:.2f}s]")
     return 0

@@ -8,6 +8,8 @@ import argparse
 import importlib
 import sys
 
+from pydantic import ValidationError
+
 from ..spec import SpecError
 
 # subcommand -> module in portable_spec.cli exposing add_arguments(parser) and run(args) -> int
@@ -23,8 +25,30 @@ COMMANDS = {
 }
 
 
+def describe_validation_error(error: ValidationError) -> str:
+    """One line per bad option: `field=value: what is wrong` (pydantic's own words, without its URL)."""
+    parts = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "(options)"
+        parts.append(f"{field}={item.get('input')!r}: {item['msg'].removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
+def describe(error: BaseException) -> tuple[str, int]:
+    """(one-line message, exit status) for an error a user can meet; 2 = bad input, 1 = anything else."""
+    if isinstance(error, SpecError):
+        return str(error), 2
+    if isinstance(error, ValidationError):
+        return describe_validation_error(error), 2
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.filename}: {error.strerror or error}", 2
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"unexpected {type(error).__name__}: {first} (rerun with --debug for the traceback)", 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="portable-spec", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, help_text in COMMANDS.items():
         module = importlib.import_module(f"portable_spec.cli.{name.replace('-', '_')}")
@@ -34,9 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except SpecError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except Exception as error:  # noqa: BLE001 - the one place errors become `error:` lines
+        if args.debug:
+            raise
+        message, status = describe(error)
+        print(f"error: {message}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ import torch
 
 from ..recipe import STAGES, RecipeConfig, run_recipe
 from ..spec import VARIANT_KINDS, SpecError
-from ..train import TrainConfig
+from ..target_checks import load_tokenizer
+from ..train import TrainConfig, check_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -51,8 +52,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from transformers import AutoTokenizer
-
     from ..real_target import KNOWN_TARGETS, resolve_target, target_model_id
     from ..sharegpt import sharegpt_path
     from ..target import TargetModel
@@ -65,13 +64,14 @@ def run(args: argparse.Namespace) -> int:
         num_prompts=args.num_prompts, max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
         generator=args.generator,
     )
+    check_shapes(args.block_size, train)  # before any model loads
     data = args.data or sharegpt_path()
     if not Path(data).is_file():
         raise SpecError(f"--data {data}: not a file; pass a ShareGPT-style JSON file")
     target_dir = resolve_target(args.target)
     target = TargetModel.load(target_dir, dtype=DTYPES[args.dtype])
     target.model.to(args.device)
-    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    tokenizer = load_tokenizer(target_dir)
     model_id = KNOWN_TARGETS[args.target].model_id if args.target in KNOWN_TARGETS else target_model_id(target_dir)
     out = run_recipe(target, tokenizer, target_dir, Path(data), args.work_dir, args.out, recipe, train, model_id,
                      until=args.until)

@@ -265,7 +265,7 @@ def check_request(kind: str, block_size: int, request: ExportRequest, requested_
 
 
 def export_for_trtllm(target: TargetModel, drafter: Drafter, out_dir: Path, request: ExportRequest,
-                      block_size: str | int | None = None) -> Path:
+                      block_size: str | int | None = None, force: bool = False) -> Path:
     """Write out_dir atomically: the route's files + trtllm.json (route, version, speculative_config, build)."""
     config = drafter.config
     check_block_size(block_size, config)
@@ -281,18 +281,18 @@ def export_for_trtllm(target: TargetModel, drafter: Drafter, out_dir: Path, requ
                     "target_layer_ids": list(config.target_layer_ids), **details}
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
 
-    return write_dir_atomically(out_dir, write, kind="trtllm-export")
+    return write_dir_atomically(out_dir, write, kind="trtllm-export", force=force)
 
 
 def export_trtllm(drafter_dir: Path, target_dir: Path, out_dir: Path, request: ExportRequest,
-                  block_size: str | int | None = None) -> Path:
+                  block_size: str | int | None = None, force: bool = False) -> Path:
     """`portable-spec export trtllm`: checks that need only config.json first, then load and write."""
     config = read_config(Path(drafter_dir))
     check_block_size(block_size, config)
     check_request(config.kind, config.block_size, request)
-    check_output_dir(Path(out_dir), "trtllm-export")  # before loading models; refuses OUT == the target or drafter
+    check_output_dir(Path(out_dir), "trtllm-export", inputs=(drafter_dir, target_dir), force=force)  # before loading
     target = TargetModel.load(target_dir)
-    return export_for_trtllm(target, target.load_drafter(drafter_dir), out_dir, request, block_size)
+    return export_for_trtllm(target, target.load_drafter(drafter_dir), out_dir, request, block_size, force)
 
 
 def validate_speculative_config(spec: dict) -> DFlashSpeculativeConfig:

@@ -1,0 +1,80 @@
+"""What a target directory must be before it is served: a local decoder-only causal LM whose weights all load.
+
+Without these checks transformers loads an encoder (BERT) or a drafter directory with randomly initialised heads,
+and decoding produces fluent-looking garbage; a missing directory becomes a hub "Repo id" message. Every refusal
+is one SpecError naming the path and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .spec import SpecError
+
+FIX = "pass a local Hugging Face causal-LM directory (config.json + weights), e.g. `portable-spec fetch-target smollm2`"
+CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # Qwen3ForCausalLM, LlamaForCausalLM, GPT2LMHeadModel, ...
+
+
+def check_target_dir(path: Path) -> dict:
+    """The target directory's config.json as a dict, or a SpecError saying what the directory is instead."""
+    if not path.exists():
+        raise SpecError(f"target={path}: not found; {FIX}")
+    if not path.is_dir():
+        raise SpecError(f"target={path}: is a file, not a model directory; {FIX}")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise SpecError(f"target={path}: no config.json file in it; {FIX}")
+    try:
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise SpecError(f"{config_file}: not valid JSON ({error}); restore the model's config.json") from None
+    if not isinstance(config, dict):
+        raise SpecError(f"{config_file}: top level must be a JSON object, got {type(config).__name__}")
+    if "variant" in config and "target" in config:
+        raise SpecError(f"target={path}: is a portable-spec drafter checkpoint, not a target; pass it as --drafter "
+                        "and the model it was trained for as --target")
+    architectures = config.get("architectures") or []
+    if config.get("is_encoder_decoder") or not any(a.endswith(CAUSAL_SUFFIXES) for a in architectures):
+        raise SpecError(f"target={path}: architectures={architectures} is not a decoder-only causal LM (a class "
+                        f"ending in {' or '.join(CAUSAL_SUFFIXES)}); speculative decoding needs one; {FIX}")
+    return config
+
+
+def load_causal_lm(path: str | Path, dtype: torch.dtype):
+    """AutoModelForCausalLM from a checked directory; refused unless every weight loaded and none was left over."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(path)
+    check_target_dir(path)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa",
+                                                           output_loading_info=True)
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SpecError(f"target={path}: transformers could not load it ({first}); {FIX}") from None
+    problems = {kind: sorted(info.get(kind) or []) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    problems = {kind: keys for kind, keys in problems.items() if keys}
+    if problems or info.get("error_msgs"):
+        shown = "; ".join(f"{kind}: {keys[:3]}{' ...' if len(keys) > 3 else ''}" for kind, keys in problems.items())
+        raise SpecError(f"target={path}: its weights do not match its config ({shown or info['error_msgs'][0]}); the "
+                        f"model would run with randomly initialised parts; {FIX}")
+    return model
+
+
+def load_tokenizer(path: str | Path, need_eos: bool = True):
+    """The target's tokenizer; refused when it cannot load, or has no EOS id where generation must stop on one."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SpecError(f"target={path}: its tokenizer could not load ({first}); the target directory needs the "
+                        "tokenizer files saved with the model") from None
+    if need_eos and tokenizer.eos_token_id is None:
+        raise SpecError(f"target={path}: its tokenizer has no EOS token id, so generation could not stop; set "
+                        "eos_token in tokenizer_config.json")
+    return tokenizer

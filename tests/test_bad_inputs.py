@@ -1,0 +1,364 @@
+"""Bad inputs, one table: every case exits non-zero with one `error:` line naming the field or file (no traceback
+without --debug), and changes no file it did not create. docs/errors.md is rendered from this same table and the
+messages the cases produce; regenerate it with
+    PORTABLE_SPEC_WRITE_ERRORS_DOC=1 python -m pytest tests/test_bad_inputs.py
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+from safetensors.torch import load, save_file
+
+from portable_spec import fixtures
+from portable_spec.cli import main
+from portable_spec.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.spec import SpecError
+from portable_spec.target import TargetModel
+from portable_spec.train import TrainConfig, train_drafter
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "errors.md"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str  # what the user did, as the docs show it
+    argv: tuple[str, ...] = ()  # a CLI call, with {placeholders} from the `paths` fixture
+    api: Callable | None = None  # or an API call: f(paths, target) that must raise SpecError
+    expect: str = ""  # regex the one-line message must match (the field or file it names)
+    status: int = 2
+
+
+def gen(*extra: str) -> tuple[str, ...]:
+    return ("generate", "hello", "--target", "{target}", *extra)
+
+
+def _api_prompt_float(paths, target):
+    SpeculativeDecoder(target).generate([[1, 3.7]], GenerationConfig(max_new_tokens=2))
+
+
+def _api_request_id(paths, target):
+    SpeculativeDecoder(target).generate([[1, 2]], GenerationConfig(max_new_tokens=2), request_ids=[2**40])
+
+
+def _api_no_prompts(paths, target):
+    SpeculativeDecoder(target).generate([], GenerationConfig(max_new_tokens=2))
+
+
+def _api_stream_short(paths, target):
+    config = target.load_drafter(paths["dc"]).config
+    train_drafter(target, config, torch.arange(5), TrainConfig(steps=1, seq_len=32), paths["out"], progress=False)
+
+
+def _api_stream_vocab(paths, target):
+    config = target.load_drafter(paths["dc"]).config
+    train_drafter(target, config, torch.full((64,), 10**6), TrainConfig(steps=1, seq_len=32), paths["out"],
+                  progress=False)
+
+
+def _api_stream_float(paths, target):
+    config = target.load_drafter(paths["dc"]).config
+    train_drafter(target, config, torch.rand(64), TrainConfig(steps=1, seq_len=32), paths["out"], progress=False)
+
+
+def _trained_state(paths, target, kind: str) -> tuple:
+    """A one-step training state under paths['state'] for `kind`, then the config asked for on resume."""
+    config = target.load_drafter(paths[kind]).config
+    train_drafter(target, config, torch.arange(200) % 200, TrainConfig(steps=1, seq_len=32, anchors_per_seq=4),
+                  paths["out"] / "first", state_dir=paths["state"], progress=False)
+    return config
+
+
+def _api_resume_other_kind(paths, target):
+    _trained_state(paths, target, "dc")
+    other = target.load_drafter(paths["par"]).config
+    train_drafter(target, other, torch.arange(200) % 200, TrainConfig(steps=2, seq_len=32, anchors_per_seq=4),
+                  paths["out"], state_dir=paths["state"], progress=False)
+
+
+def _api_resume_other_lr(paths, target):
+    config = _trained_state(paths, target, "dc")
+    train_drafter(target, config, torch.arange(200) % 200,
+                  TrainConfig(steps=2, seq_len=32, anchors_per_seq=4, lr=1e-4), paths["out"], state_dir=paths["state"],
+                  progress=False)
+
+
+def _api_resume_corrupt(paths, target):
+    config = _trained_state(paths, target, "dc")
+    (paths["state"] / "trainer_state.json").write_text("{not json")
+    train_drafter(target, config, torch.arange(200) % 200, TrainConfig(steps=2, seq_len=32, anchors_per_seq=4),
+                  paths["out"], state_dir=paths["state"], progress=False)
+
+
+def _api_seq_len(paths, target):
+    config = target.load_drafter(paths["dc"]).config
+    train_drafter(target, config, torch.arange(200) % 200, TrainConfig(steps=1, seq_len=16), paths["out"],
+                  progress=False)
+
+
+EXPORT_ONNX = ("export", "onnx", "{dc}")
+EXPORT_TRT = ("export", "trtllm", "{par}")
+TRAIN = ("train", "--target", "{target}", "--kind", "parallel", "--out", "{out}", "--work-dir", "{out}-work",
+         "--data", "{file}")
+
+CASES = [
+    # -- targets --------------------------------------------------------------------------------------------
+    Case("generate --target MISSING_DIR", gen()[:3] + ("{missing}",), expect=r"target=.*missing: not found"),
+    Case("generate --target A_FILE", gen()[:3] + ("{file}",), expect=r"target=.*: is a file"),
+    Case("generate --target DIR_WITH_BAD_CONFIG_JSON", gen()[:3] + ("{bad_json_target}",),
+         expect=r"config\.json: not valid JSON"),
+    Case("generate --target DIR_WITHOUT_WEIGHTS", gen()[:3] + ("{no_weights_target}",),
+         expect=r"target=.*: transformers could not load it"),
+    Case("generate --target DRAFTER_DIR", gen()[:3] + ("{dc}",), expect=r"is a portable-spec drafter checkpoint"),
+    Case("generate --target BERT_DIR (encoder-only)", gen()[:3] + ("{bert}",),
+         expect=r"architectures=\['BertForMaskedLM'\] is not a decoder-only causal LM"),
+    Case("generate --target TARGET_WITH_A_MISSING_WEIGHT", gen()[:3] + ("{partial_target}",),
+         expect=r"weights do not match its config \(missing_keys: \['model\.norm\.weight'\]"),
+    # -- sampling and generation options (refused before any model loads) ------------------------------------
+    Case("generate --temperature -1", gen("--temperature", "-1"), expect=r"sampling\.temperature=-1\.0"),
+    Case("generate --temperature nan", gen("--temperature", "nan"), expect=r"sampling\.temperature=nan"),
+    Case("generate --temperature inf", gen("--temperature", "inf"), expect=r"sampling\.temperature=inf"),
+    Case("generate --top-p 0", gen("--top-p", "0"), expect=r"sampling\.top_p=0\.0"),
+    Case("generate --top-p 1.5", gen("--top-p", "1.5"), expect=r"sampling\.top_p=1\.5"),
+    Case("generate --top-k -1", gen("--top-k", "-1"), expect=r"sampling\.top_k=-1"),
+    Case("generate --top-k 2**40", gen("--top-k", str(2**40)), expect=r"sampling\.top_k=1099511627776"),
+    Case("generate --max-new-tokens 0", gen("--max-new-tokens", "0"), expect=r"max_new_tokens=0"),
+    Case("generate --seed -1", gen("--seed", "-1"), expect=r"seed=-1"),
+    Case("generate --seed 2**64", gen("--seed", str(2**64)), expect=r"seed=18446744073709551616"),
+    Case("generate --draft-confidence 1", gen("--draft-confidence", "1"), expect=r"draft_confidence=1\.0"),
+    Case("generate --drafter D --num-draft-tokens 0", gen("--drafter", "{dc}", "--num-draft-tokens", "0"),
+         expect=r"num_draft_tokens=0"),
+    Case("generate --drafter D --num-draft-tokens 99 (block 16)", gen("--drafter", "{dc}", "--num-draft-tokens", "99"),
+         expect=r"num_draft_tokens=99 does not fit block_size=16"),
+    Case("generate ''  (empty prompt)", ("generate", "", "--target", "{target}"), expect=r"prompt='':"),
+    # -- drafter checkpoints -----------------------------------------------------------------------------------
+    Case("generate --drafter MISSING_DIR", gen("--drafter", "{missing}"), expect=r"missing: not found"),
+    Case("generate --drafter DIR_WITH_BAD_CONFIG_JSON", gen("--drafter", "{bad_json_drafter}"),
+         expect=r"config\.json: not valid JSON"),
+    Case("generate --drafter DIR_WHOSE_config.json_IS_A_DIRECTORY", gen("--drafter", "{config_dir_drafter}"),
+         expect=r"config\.json: is a directory"),
+    Case("generate --drafter DIR_WHOSE_model.safetensors_IS_A_DIRECTORY", gen("--drafter", "{weights_dir_drafter}"),
+         expect=r"model\.safetensors: is a directory"),
+    Case("generate --drafter TRUNCATED_model.safetensors", gen("--drafter", "{truncated_drafter}"),
+         expect=r"model\.safetensors: not a readable safetensors file"),
+    Case("generate --drafter PICKLE_SAVED_AS_model.safetensors", gen("--drafter", "{pickle_drafter}"),
+         expect=r"model\.safetensors: not a readable safetensors file .*pickles are never loaded"),
+    Case("generate --drafter DRAFTER_OF_ANOTHER_TARGET", gen("--drafter", "{foreign_drafter}"),
+         expect=r"fingerprint|trained for"),
+    Case("check DRAFTER_WITH_NAN_WEIGHTS", ("check", "{nan_drafter}"), expect=r"non-finite values .*fc\.weight"),
+    Case("check DRAFTER_WITH_FLOAT64_WEIGHTS", ("check", "{f64_drafter}"), expect=r"unexpected dtypes .*float64"),
+    Case("check MISSING_DIR", ("check", "{missing}"), expect=r"missing: not found"),
+    # -- output directories ---------------------------------------------------------------------------------------
+    Case("export onnx D D  (output = the drafter)", EXPORT_ONNX + ("{dc}", "--target", "{target}"),
+         expect=r"output .* is the input"),
+    Case("export onnx D TARGET/sub  (output inside the target)", EXPORT_ONNX + ("{target}/sub", "--target", "{target}"),
+         expect=r"output .*sub is inside the input"),
+    Case("export onnx D NON_EMPTY_USER_DIR", EXPORT_ONNX + ("{user}", "--target", "{target}"),
+         expect=r"output .* is not empty and holds files portable-spec did not write"),
+    Case("export onnx D A_FILE", EXPORT_ONNX + ("{file}", "--target", "{target}"), expect=r"output .* is a file"),
+    Case("export onnx D OUT --opset 5", EXPORT_ONNX + ("{out}", "--target", "{target}", "--opset", "5"),
+         expect=r"opset"),
+    Case("export trtllm P TARGET --target TARGET", EXPORT_TRT + ("{target}", "--target", "{target}",
+                                                                  "--trtllm-version", "1.3.0"),
+         expect=r"output .* is the input"),
+    Case("export trtllm P OUT --num-draft-tokens 0", EXPORT_TRT + ("{out}", "--target", "{target}",
+                                                                    "--trtllm-version", "1.3.0",
+                                                                    "--num-draft-tokens", "0"),
+         expect=r"num_draft_tokens=0"),
+    Case("export trtllm P OUT --trtllm-version banana", EXPORT_TRT + ("{out}", "--target", "{target}",
+                                                                       "--trtllm-version", "banana"),
+         expect=r"trtllm_version='banana' is not a version"),
+    Case("export trtllm DEPTH_CAUSAL OUT --trtllm-version 1.3.0", ("export", "trtllm", "{dc}", "{out}", "--target",
+                                                                  "{target}", "--trtllm-version", "1.3.0"),
+         expect=r"needs TensorRT-LLM >= 1\.4 .*found 1\.3\.0"),
+    Case("bench decode --out A_FILE", ("bench", "decode", "--target", "fixture", "--out", "{file}"),
+         expect=r"--out .*: is a file"),
+    # -- demo and train options (refused before any model loads) ---------------------------------------------
+    Case("demo --prompts 0", ("demo", "--prompts", "0"), expect=r"--prompts=0: must be at least 1"),
+    Case("demo --batch-size 0", ("demo", "--batch-size", "0"), expect=r"--batch-size=0"),
+    Case("demo --max-new-tokens 0", ("demo", "--max-new-tokens", "0"), expect=r"--max-new-tokens=0"),
+    Case("demo --num-draft-tokens 0", ("demo", "--num-draft-tokens", "0"), expect=r"--num-draft-tokens=0"),
+    Case("train --seq-len 16 --block-size 16", TRAIN + ("--seq-len", "16", "--block-size", "16"),
+         expect=r"seq_len=16 leaves 0 anchor positions for block_size=16"),
+    Case("train --lr 0", TRAIN + ("--lr", "0"), expect=r"lr=0\.0"),
+    Case("train --data MISSING_FILE", TRAIN[:-1] + ("{missing}",), expect=r"--data .*missing: not a file"),
+    # -- API ------------------------------------------------------------------------------------------------------
+    Case("SpeculativeDecoder.generate([[1, 3.7]], ...)", api=_api_prompt_float, expect=r"prompts\[0\] holds 3\.7"),
+    Case("SpeculativeDecoder.generate(..., request_ids=[2**40])", api=_api_request_id,
+         expect=r"request_ids\[0\]=1099511627776"),
+    Case("SpeculativeDecoder.generate([], ...)", api=_api_no_prompts, expect=r"prompts is empty"),
+    Case("train_drafter(stream shorter than seq_len)", api=_api_stream_short, expect=r"stream has 5 tokens"),
+    Case("train_drafter(stream with out-of-vocabulary ids)", api=_api_stream_vocab, expect=r"stream holds token ids"),
+    Case("train_drafter(float stream)", api=_api_stream_float, expect=r"stream: a 1-D tensor of integer token ids"),
+    Case("train_drafter(seq_len == block_size)", api=_api_seq_len, expect=r"seq_len=16 leaves 0 anchor positions"),
+    Case("resume training a depth_causal state as parallel", api=_api_resume_other_kind,
+         expect=r"holds another training run .*variant: saved .*depth_causal.*asked .*parallel"),
+    Case("resume training with another --lr", api=_api_resume_other_lr, expect=r"lr: saved 0\.002, asked 0\.0001"),
+    Case("resume training from a corrupt trainer_state.json", api=_api_resume_corrupt,
+         expect=r"trainer_state\.json: corrupt training state"),
+]
+
+
+def _copy_drafter(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    """Inputs, good and broken, built once; each case gets its own fresh output path on top."""
+    root = tmp_path_factory.mktemp("bad-inputs")
+    target, dc, par = fixtures.target_dir(), fixtures.drafter_dir("depth_causal"), fixtures.drafter_dir("parallel")
+    paths = {"target": _copy_drafter(target, root / "target"), "dc": _copy_drafter(dc, root / "dc"),
+             "par": _copy_drafter(par, root / "par"), "missing": root / "missing"}
+    (root / "file.txt").write_text("not a model\n")
+    paths["file"] = root / "file.txt"
+    (root / "user").mkdir()
+    (root / "user" / "notes.txt").write_text("the user's own files\n")
+    paths["user"] = root / "user"
+    broken = root / "bad_json_target"
+    shutil.copytree(target, broken)
+    (broken / "config.json").write_text("{oops")
+    paths["bad_json_target"] = broken
+    broken = root / "no_weights_target"
+    shutil.copytree(target, broken)
+    (broken / "model.safetensors").unlink()
+    paths["no_weights_target"] = broken
+    broken = root / "partial_target"
+    shutil.copytree(target, broken)
+    weights = _read(broken / "model.safetensors")
+    weights.pop("model.norm.weight")
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    paths["partial_target"] = broken
+    from transformers import BertConfig, BertForMaskedLM
+
+    BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               intermediate_size=64)).save_pretrained(root / "bert")
+    paths["bert"] = root / "bert"
+    for name, damage in {
+        "bad_json_drafter": lambda d: (d / "config.json").write_text("{oops"),
+        "config_dir_drafter": lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()),
+        "weights_dir_drafter": lambda d: ((d / "model.safetensors").unlink(), (d / "model.safetensors").mkdir()),
+        "truncated_drafter": lambda d: (d / "model.safetensors").write_bytes(
+            (d / "model.safetensors").read_bytes()[:1000]),
+        "pickle_drafter": lambda d: torch.save(_read(d / "model.safetensors"), d / "model.safetensors"),
+        "nan_drafter": lambda d: _rewrite(d, lambda w: {**w, "fc.weight": w["fc.weight"] * float("nan")}),
+        "f64_drafter": lambda d: _rewrite(d, lambda w: {k: v.double() for k, v in w.items()}),
+    }.items():
+        damage(_copy_drafter(dc, root / name))
+        paths[name] = root / name
+    foreign = _copy_drafter(dc, root / "foreign_drafter")
+    config = json.loads((foreign / "config.json").read_text())
+    config["target"]["fingerprint"] = "sha256:" + "0" * 64  # well-formed, another target's
+    (foreign / "config.json").write_text(json.dumps(config))
+    paths["foreign_drafter"] = foreign
+    return paths
+
+
+def _read(path: Path) -> dict[str, torch.Tensor]:
+    """In memory, not memory-mapped: these files are rewritten in place."""
+    return load(path.read_bytes())
+
+
+def _rewrite(drafter: Path, change) -> None:
+    save_file(change(_read(drafter / "model.safetensors")), drafter / "model.safetensors", metadata={"format": "pt"})
+
+
+def _tree_hashes(paths: dict[str, Path]) -> dict[str, str]:
+    hashes = {}
+    for root in {p for p in paths.values() if p.exists()}:
+        for file in sorted([root] if root.is_file() else root.rglob("*")):
+            if file.is_file():
+                hashes[str(file)] = hashlib.sha256(file.read_bytes()).hexdigest()
+    return hashes
+
+
+@pytest.fixture(scope="module")
+def fixture_target() -> TargetModel:
+    return TargetModel.load(fixtures.target_dir())
+
+
+def _normalise(message: str, paths: dict[str, Path]) -> str:
+    for name, path in sorted(paths.items(), key=lambda item: -len(str(item[1]))):
+        message = message.replace(str(path.resolve()), name.upper()).replace(str(path), name.upper())
+    return re.sub(r"\s+", " ", message)
+
+
+OBSERVED: dict[str, tuple[int, str]] = {}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input(case: Case, built, fixture_target, tmp_path, capsys):
+    paths = {**built, "out": tmp_path / "out", "state": tmp_path / "state"}
+    before = _tree_hashes(built)
+    if case.api is not None:
+        with pytest.raises(SpecError) as raised:
+            case.api(paths, fixture_target)
+        status, message = 2, str(raised.value)
+    else:
+        argv = [arg.format(**{k: str(v) for k, v in paths.items()}) for arg in case.argv]
+        try:
+            status = main(argv)
+        except SystemExit as exit_:  # argparse's own refusals
+            status = exit_.code
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        lines = [line for line in err.splitlines() if line.startswith("error: ")]
+        assert len(lines) == 1, err
+        message = lines[0].removeprefix("error: ")
+    assert status == case.status, message
+    assert re.search(case.expect, message), message
+    assert _tree_hashes(built) == before, "a bad input changed files it did not create"
+    assert not (tmp_path / "out").exists() or case.api is not None
+    OBSERVED[case.name] = (status, _normalise(message, paths))
+
+
+def test_table_has_forty_distinct_cases():
+    assert len({c.name for c in CASES}) == len(CASES) >= 40
+
+
+def test_console_script_prints_one_line_and_debug_the_traceback(tmp_path):
+    """The installed entry point, in a real process: one `error:` line and exit 2; --debug adds the traceback."""
+    argv = [sys.executable, "-m", "portable_spec.cli", "generate", "hi", "--target", str(tmp_path / "nope")]
+    quiet = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 2 and quiet.stderr.strip().startswith("error: target=") and "Traceback" not in quiet.stderr
+    loud = subprocess.run(argv[:3] + ["--debug"] + argv[3:], capture_output=True, text=True, timeout=300)
+    assert loud.returncode != 0 and "Traceback" in loud.stderr
+
+
+def render_doc() -> str:
+    lines = ["# Errors you can meet, and what they say", "",
+             "Generated by `tests/test_bad_inputs.py` from its table of bad inputs: each row is a case that test runs, "
+             "with the one line portable-spec printed (paths replaced by their role). Every CLI case exits with status "
+             "2, every API case raises `portable_spec.spec.SpecError` (the CLI prints it as the same line), and no "
+             "case changes a file it did not create; `portable-spec --debug <command>` shows the traceback. The fix "
+             "is part of each message.", "",
+             "| what was done | CLI exit / API | `error:` message |", "|---|---|---|"]
+    for case in CASES:
+        status, message = OBSERVED[case.name]
+        outcome = "raises SpecError" if case.api is not None else str(status)
+        lines.append(f"| `{case.name}` | {outcome} | {message.replace('|', '/')} |")
+    return "\n".join(lines) + "\n"
+
+
+def test_errors_doc_is_current():
+    """Runs after the table (file order): docs/errors.md must be what the cases printed."""
+    if len(OBSERVED) != len(CASES):
+        pytest.skip("the table did not run completely in this session (run the whole file)")
+    rendered = render_doc()
+    if os.environ.get("PORTABLE_SPEC_WRITE_ERRORS_DOC"):
+        DOC.write_text(rendered)
+    assert DOC.exists() and DOC.read_text() == rendered, \
+        "docs/errors.md is stale: PORTABLE_SPEC_WRITE_ERRORS_DOC=1 python -m pytest tests/test_bad_inputs.py"
