@@ -105,14 +105,14 @@ def compare(
         n = job.num_draft_tokens
         rows.append(ComparisonRow(
             drafter=job.name, num_draft_tokens=n,
-            acceptance_length=sum(emitted) / len(emitted),
+            acceptance_length=sum(emitted) / len(emitted) if emitted else math.nan,  # no round: prefill only
             target_passes_per_token=(rounds + len(prompts)) / generated,
             drafter_passes_per_token=drafter_passes / generated,
             tokens_per_second=tps, speedup=tps / reference_tps, matches_autoregressive=tokens == reference,
             drafter_params=sum(p.numel() for p in job.drafter.parameters()) if job.drafter is not None else 0,
             batch_size=batch_size, acceptance_by_position=(
                 acceptance_by_position(emitted, n) if n and not job.draft_confidence else []),
-            drafts_verified_per_round=verified / len(emitted),
+            drafts_verified_per_round=verified / len(emitted) if emitted else math.nan,
         ))
     if hf_baselines:
         for lookup in (None, prompt_lookup_num_tokens):

@@ -38,3 +38,11 @@ def test_bench_writes_its_files_and_leaves_the_rest_of_out_alone(tmp_path, capsy
     assert cut and all(r["drafts_verified_per_round"] <= 3 for r in cut)
     assert all(len(r["acceptance_by_position"]) == 3 for r in rows if r["drafter"] == "depth_causal")
     assert (tmp_path / "benchmarks.png").stat().st_size > 1000 and "| depth_causal |" in (tmp_path / "benchmarks.md").read_text()
+
+
+def test_one_new_token_is_prefill_only(capsys):
+    """--max-new-tokens 1: the prompt pass emits the token, no round runs; tau is n/a, not a ZeroDivisionError."""
+    assert main(["demo", "--target", "fixture", "--prompts", "1", "--max-new-tokens", "1", "--no-hf",
+                 "--kinds", "depth_causal"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| depth_causal")]
+    assert len(rows) == 1 and "| n/a |" in rows[0]
