@@ -27,3 +27,8 @@ stamp "venv ready ($(python -c 'from importlib.metadata import version as v; pri
 
 python -m pytest -q -p no:cacheprovider -m engine tests/engines/test_vllm_adapter.py
 stamp "engine tests passed"
+# The vLLM column of docs/conformance.md, through vLLM itself: every check passes or is a listed gap, and the
+# committed column must be what this run shows (regenerate the whole report in this venv with
+# `portable-spec conformance` after installing onnx/onnxruntime here).
+portable-spec conformance --backends vllm --output - --check-report docs/conformance.md | tail -3
+stamp "vLLM conformance column current"

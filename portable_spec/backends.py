@@ -31,6 +31,10 @@ class Backend(ABC):
         """None when this backend can run here; otherwise why not (reported as skipped, never as passed)."""
         return None
 
+    def version(self) -> str | None:
+        """The engine/runtime and its version, for the report header (None: nothing beyond portable-spec)."""
+        return None
+
     @abstractmethod
     def block_logits(
         self,
@@ -100,6 +104,25 @@ class ReferenceBackend(Backend):
         target = TargetModel.load(target_dir)
         drafter = target.load_drafter(drafter_dir) if drafter_dir is not None else None
         return SpeculativeDecoder(target, drafter).generate(prompts, config).tokens
+
+
+COMPONENTS = ("verify", "target_forward", "block_logits", "generate")  # what a conformance check exercises
+
+
+def is_reference(backend: Backend) -> bool:
+    """The specification itself (not a subclass that replaces any part of it)."""
+    return type(backend) is ReferenceBackend
+
+
+def inherited_components(backend: Backend) -> dict[str, str]:
+    """component -> the reference function a backend runs for it unchanged (Backend.verify is the shared
+    verifier, the reference's): a check of such a component compares the reference with itself."""
+    found = {}
+    for name in COMPONENTS:
+        mine, reference = getattr(type(backend), name), getattr(ReferenceBackend, name)
+        if mine is reference:
+            found[name] = reference.__qualname__
+    return found
 
 
 BACKEND_GROUP = "portable_spec.backends"

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from portable_spec import dispatch
+from portable_spec.conformance.golden import GOLDEN_DIR, case_paths, load_case, to_tensors
 from portable_spec.noise import VerifyNoise
 from portable_spec.sampling import SamplingBatch, SamplingParams
 from portable_spec.verify import verify
@@ -273,3 +274,15 @@ def test_verify_kernel_rejects_zero_draft_probability(interpreted):
     expected = assert_same_verify((logits, torch.tensor([[40], [1]]), sampling, noise, draft_probs, None),
                                   interpreted[0], block_v=16)
     assert expected.accepted_len[0] == 0  # q = 0 = p: rejected by both implementations
+
+
+@pytest.mark.parametrize("name", [path.stem for path in case_paths()])
+def test_verify_kernel_reproduces_every_golden_file(interpreted, name):
+    """The conformance golden files through the Triton kernel (interpreted here, compiled on the GPU run): among them
+    draft_prob_zero, where a draft the drafter gave probability 0 must be rejected (p = 0 and p > 0 rows)."""
+    golden = to_tensors(load_case(GOLDEN_DIR / f"{name}.json"))
+    got = dispatch.verify_op(golden.target_logits, golden.draft_tokens, golden.sampling, golden.noise,
+                             golden.draft_probs, golden.num_drafts, impl="triton")
+    assert got.accepted_len.tolist() == golden.accepted_len.tolist()
+    assert got.next_token.tolist() == golden.next_token.tolist()
+    assert got.output_tokens.tolist() == golden.output_tokens.tolist()

@@ -112,6 +112,14 @@ class OnnxBackend(Backend):
         self._graphs: dict[tuple[str, str], OnnxDrafterGraph] = {}
         self._exports: tempfile.TemporaryDirectory | None = None
 
+    def version(self) -> str | None:
+        from importlib import metadata
+
+        try:
+            return f"onnxruntime {metadata.version('onnxruntime')}"
+        except metadata.PackageNotFoundError:
+            return None
+
     def unavailable_reason(self) -> str | None:
         try:
             import onnx  # noqa: F401

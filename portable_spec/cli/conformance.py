@@ -18,6 +18,31 @@ from ..backends import backend_names
 from ..spec import SpecError
 
 
+def _stable(detail: str) -> str:
+    """A reason without what the run happened to print after it (an xfail's "(was: ...)" may hold engine garbage)."""
+    return detail.replace("\n", " ").split(" (was: ")[0]
+
+
+def stale_cells(outcomes, report_path: Path, backends: set[str]) -> list[str]:
+    """Cells of the committed report that disagree with `outcomes` for the given backends (status and reason)."""
+    from portable_spec.conformance.runner import PASS, SPEC, parse_report
+
+    if not Path(report_path).is_file():
+        raise SpecError(f"--check-report {report_path}: not a file; generate it with `portable-spec conformance`")
+    committed = parse_report(Path(report_path).read_text())
+    differ = []
+    for outcome in outcomes:
+        if outcome.backend not in backends:
+            continue
+        now = (outcome.status, "" if outcome.status in (PASS, SPEC) else _stable(outcome.detail))
+        then = committed.get((outcome.backend, outcome.check))
+        if then is not None:
+            then = (then[0], _stable(then[1]))
+        if then != now:
+            differ.append(f"{outcome.backend} x {outcome.check}: committed {then}, this run {now}")
+    return differ
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", nargs="+", metavar="NAME", help="Backends to check (default: every registered).")
     parser.add_argument("--checks", nargs="+", metavar="PATTERN", default=["*"],
@@ -25,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", type=Path, default=Path("docs/conformance.md"),
                         help="Markdown report to write (atomically); '-' writes nothing.")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the models are tiny).")
+    parser.add_argument("--check-report", type=Path, metavar="PATH",
+                        help="Also compare every backend column that ran here with the committed report at PATH "
+                             "(status and reason per check); exit 1 if any differs, i.e. the report is stale.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         outcomes = run_suite(resolved, selected, workspace, expected)
     partial = [f"--backends {' '.join(names)}"] if args.backends else []
     partial += [f"--checks {' '.join(args.checks)}"] if args.checks != ["*"] else []
-    report = format_report(outcomes, selected, scope=", ".join(partial))
+    versions = {r.name: r.backend.version() for r in resolved if r.backend is not None and r.unavailable is None}
+    report = format_report(outcomes, selected, scope=", ".join(partial), versions=versions)
     print(report, end="")
     if str(args.output) != "-":
         _write_atomically(args.output, report)
@@ -60,7 +89,16 @@ def run(args: argparse.Namespace) -> int:
     failing = [o for o in outcomes if o.status in FAILING]
     skipped = [o for o in outcomes if o.status == SKIP]
     print(f"{len(failing)} failing, {len(skipped)} skipped (not verified) of {len(outcomes)} backend x check results")
-    return 1 if failing else 0
+    stale = []
+    if args.check_report is not None:
+        ran = {r.name for r in resolved if r.unavailable is None and r.error is None}
+        stale = stale_cells(outcomes, args.check_report, ran)
+        for line in stale:
+            print(f"stale: {line}")
+        print(f"{args.check_report}: " + (f"{len(stale)} cells differ from this run (backends {sorted(ran)}); "
+                                          "regenerate it with `portable-spec conformance`" if stale else
+                                          f"current for backends {sorted(ran)}"))
+    return 1 if failing or stale else 0
 
 
 def _write_atomically(path: Path, text: str) -> None:

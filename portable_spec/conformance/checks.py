@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from portable_spec.backends import Backend
+from portable_spec.backends import Backend, is_reference
 from portable_spec.decode import GenerationConfig
 from portable_spec.sampling import SamplingParams
 from portable_spec.spec import VARIANT_KINDS, read_config
@@ -49,10 +49,25 @@ class Check:
     id: str  # "area/name[/kind]"; expected_failures.json matches these with fnmatch patterns
     description: str  # what passing asserts, one line (shown in docs/conformance.md)
     run: Callable[[CheckContext], None]
+    exercises: str  # the backend component under test (portable_spec.backends.COMPONENTS)
+    # "reference": passes by agreeing with the reference backend (meaningless on the reference itself);
+    # "independent": golden files, a statistical oracle, or losslessness against the backend's own decoding
+    oracle: str
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+def _not_itself(label: str, actual, expected) -> None:
+    """A comparison of an object with itself proves nothing: refuse it (a backend handing back the reference's own
+    result, or a check comparing the reference with the reference)."""
+    shared = actual is expected or (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)
+                                    and actual.untyped_storage().data_ptr() == expected.untyped_storage().data_ptr())
+    if shared:
+        raise CheckFailed(f"{label}: compared an object with itself (the backend returned the reference's own result, "
+                          "or the check compared the reference with the reference): nothing was tested")
+
+
 def _same(label: str, actual: list, expected: list) -> None:
+    _not_itself(label, actual, expected)
     if actual == expected:
         return
     if len(actual) != len(expected):
@@ -67,6 +82,7 @@ def _same(label: str, actual: list, expected: list) -> None:
 
 
 def _close(label: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    _not_itself(label, actual, expected)
     if tuple(actual.shape) != tuple(expected.shape):
         raise CheckFailed(f"{label}: shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
     diff = (actual.float() - expected).abs()
@@ -173,16 +189,24 @@ def _greedy_equal(ctx: CheckContext, target, drafter, prompts, config, label: st
     key = (str(target), tuple(map(tuple, prompts)), config)
     plain = ctx.workspace.memo(("plain", ctx.backend_name, *key),
                                lambda: ctx.backend.generate(target, None, prompts, config))
-    reference = ctx.workspace.memo(("plain", "reference", *key),
-                                   lambda: ctx.workspace.reference.generate(target, None, prompts, config))
-    _same(f"{label}: {ctx.backend_name} non-speculative vs reference", plain, reference)
+    if not is_reference(ctx.backend):  # the reference's own plain decoding is the specification
+        reference = ctx.workspace.memo(("plain", "reference", *key),
+                                       lambda: ctx.workspace.reference.generate(target, None, prompts, config))
+        _same(f"{label}: {ctx.backend_name} non-speculative vs reference", plain, reference)
     speculative = ctx.backend.generate(target, drafter, prompts, config)
     _same(f"{label}: {ctx.backend_name} speculative vs its non-speculative", speculative, plain)
 
 
+def _full_block(config: GenerationConfig, drafter) -> GenerationConfig:
+    """block_size - 1 drafts: the round every backend runs (an engine's DFlash runs a K + 1 slot block, exact for a
+    bidirectional drafter only at full length)."""
+    return config.model_copy(update={"num_draft_tokens": read_config(drafter).block_size - 1})
+
+
 def _e2e_greedy_tiny(ctx: CheckContext, kind: str) -> None:
     _kind_supported(ctx, kind)
-    _greedy_equal(ctx, ctx.workspace.tiny_target(), ctx.workspace.tiny_drafter(kind), _tiny_prompts(), TINY_GREEDY,
+    drafter = ctx.workspace.tiny_drafter(kind)
+    _greedy_equal(ctx, ctx.workspace.tiny_target(), drafter, _tiny_prompts(), _full_block(TINY_GREEDY, drafter),
                   "tiny models")
 
 
@@ -190,7 +214,7 @@ def _e2e_greedy_heldout(ctx: CheckContext, kind: str) -> None:
     _kind_supported(ctx, kind)
     target, drafter, prompts = trained_fixture(kind)
     prompts = [prompt[:length] for prompt, length in zip(prompts, HELDOUT_LENGTHS)]
-    _greedy_equal(ctx, target, drafter, prompts, HELDOUT_GREEDY, "held-out prompts")
+    _greedy_equal(ctx, target, drafter, prompts, _full_block(HELDOUT_GREEDY, drafter), "held-out prompts")
 
 
 def _e2e_sampled_tiny(ctx: CheckContext, kind: str | None) -> None:
@@ -200,10 +224,12 @@ def _e2e_sampled_tiny(ctx: CheckContext, kind: str | None) -> None:
     drafter = None if kind is None else ctx.workspace.tiny_drafter(kind)
     prompts = _tiny_prompts()
 
+    config = TINY_SAMPLED if drafter is None else _full_block(TINY_SAMPLED, drafter)
+
     def sample(backend: Backend, global_seed: int) -> list[list[int]]:
         with torch.random.fork_rng(devices=[]):  # a different global RNG state must not matter
             torch.manual_seed(global_seed)
-            return backend.generate(target, drafter, prompts, TINY_SAMPLED)
+            return backend.generate(target, drafter, prompts, config)
 
     reference = ctx.workspace.memo(("sampled", kind), partial(sample, ctx.workspace.reference, 0))
     _same(f"seeded sampling (seed {TINY_SAMPLED.seed}): {ctx.backend_name} vs reference",
@@ -213,30 +239,33 @@ def _e2e_sampled_tiny(ctx: CheckContext, kind: str | None) -> None:
 # -- the list --------------------------------------------------------------------------------------
 def all_checks() -> list[Check]:
     checks = [Check(f"golden/{path.stem}", f"verify reproduces golden/{path.name} exactly: "
-                    + load_case(path).description, partial(_verify_golden, name=path.stem)) for path in case_paths()]
+                    + load_case(path).description, partial(_verify_golden, name=path.stem), "verify", "independent")
+              for path in case_paths()]
     checks += [
         Check("verify/no_global_rng", "verify leaves torch/random/numpy global RNG state untouched and its output "
-              "does not depend on it", _verify_no_global_rng),
+              "does not depend on it", _verify_no_global_rng, "verify", "independent"),
         Check("verify/distribution", f"{DRAWS} keyed draws: emitted and bonus tokens follow p (chi-square p-value "
               f">= {ALPHA:g}, no p=0 token) for a dense q and one-hot drafts, T={SAMPLING.temperature}, "
-              f"top-k {SAMPLING.top_k}, top-p {SAMPLING.top_p}", _verify_distribution),
+              f"top-k {SAMPLING.top_k}, top-p {SAMPLING.top_p}", _verify_distribution, "verify", "independent"),
         Check("target/forward", "target_forward logits and features at every usable layer id match the reference "
-              f"(|diff| <= {TOLERANCE:g} * (1 + |ref|)); catches a layer-id shift", _target_forward),
+              f"(|diff| <= {TOLERANCE:g} * (1 + |ref|)); catches a layer-id shift", _target_forward,
+              "target_forward", "reference"),
     ]
     for kind in VARIANT_KINDS:
         checks.append(Check(f"drafter/block_logits/{kind}", f"{kind} drafter block logits match the reference on a "
-                            "ragged batch with a masked hole", partial(_block_logits, kind=kind)))
+                            "ragged batch with a masked hole", partial(_block_logits, kind=kind), "block_logits",
+                            "reference"))
     for kind in VARIANT_KINDS:
-        checks.append(Check(f"e2e/greedy_tiny/{kind}", "tiny random models, ragged batch of 4: greedy speculative "
-                            "== the backend's non-speculative == the reference's",
-                            partial(_e2e_greedy_tiny, kind=kind)))
+        checks.append(Check(f"e2e/greedy_tiny/{kind}", "tiny random models, ragged batch of 4, block_size - 1 "
+                            "drafts: greedy speculative == the backend's non-speculative == the reference's",
+                            partial(_e2e_greedy_tiny, kind=kind), "generate", "independent"))
     for kind in (*VARIANT_KINDS, None):
         checks.append(Check(f"e2e/sampled_tiny/{kind or 'no_drafter'}",
                             f"tiny random models, {_sampling_label(TINY_SAMPLED)}, fixed seed: tokens == the "
                             "reference's, whatever the global RNG state",
-                            partial(_e2e_sampled_tiny, kind=kind)))
+                            partial(_e2e_sampled_tiny, kind=kind), "generate", "reference"))
     for kind in VARIANT_KINDS:
-        checks.append(Check(f"e2e/greedy_heldout/{kind}", "trained fixtures, 4 held-out prompts: greedy speculative "
-                            "== the backend's non-speculative == the reference's",
-                            partial(_e2e_greedy_heldout, kind=kind)))
+        checks.append(Check(f"e2e/greedy_heldout/{kind}", "trained fixtures, 4 held-out prompts, block_size - 1 "
+                            "drafts: greedy speculative == the backend's non-speculative == the reference's",
+                            partial(_e2e_greedy_heldout, kind=kind), "generate", "independent"))
     return checks

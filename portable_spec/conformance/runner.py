@@ -2,7 +2,9 @@
 
 Statuses: pass; FAIL; skip (the backend cannot run here, or lacks an optional method: never counted as a
 pass); xfail (a known gap listed in expected_failures.json); XPASS (listed as a gap but passed: a failure
-until the entry is removed, so the list cannot go stale).
+until the entry is removed, so the list cannot go stale); inherits (the backend runs the reference's own code
+for the component the check exercises: comparing it would compare the reference with itself); spec (the
+reference column of a check whose only oracle is the reference).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 import transformers
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from portable_spec.backends import Backend, get_backend
+from portable_spec.backends import Backend, get_backend, inherited_components, is_reference
 from portable_spec.spec import SpecError
 
 from .checks import Check, CheckContext, CheckFailed
@@ -26,6 +28,8 @@ from .workspace import CheckSkipped, Workspace
 
 EXPECTED_FAILURES = Path(__file__).parent / "expected_failures.json"
 PASS, FAIL, SKIP, XFAIL, XPASS = "pass", "FAIL", "skip", "xfail", "XPASS"
+INHERITS, SPEC = "inherits reference", "spec"
+STATUSES = (PASS, FAIL, SKIP, XFAIL, XPASS, INHERITS, SPEC)
 FAILING = (FAIL, XPASS)
 
 
@@ -104,12 +108,21 @@ def run_check(resolved: ResolvedBackend, check: Check, workspace: Workspace, exp
         return Outcome(name, check.id, FAIL, resolved.error)
     if resolved.unavailable is not None:
         return Outcome(name, check.id, SKIP, f"backend unavailable here: {resolved.unavailable}")
+    if is_reference(resolved.backend):
+        if check.oracle == "reference":
+            return Outcome(name, check.id, SPEC, "the reference is what this check compares every backend against")
+    elif check.exercises in (inherited := inherited_components(resolved.backend)):
+        return Outcome(name, check.id, INHERITS, f"{type(resolved.backend).__name__} runs the reference's "
+                       f"{inherited[check.exercises]} for {check.exercises}: no independent code to check")
     try:
         check.run(CheckContext(name, resolved.backend, workspace))
         status, detail = PASS, ""
     except CheckSkipped as skip:
         return Outcome(name, check.id, SKIP, str(skip))
     except NotImplementedError as error:
+        reason = expected.reason_for(name, check.id)
+        if reason is not None:  # a listed gap: the backend cannot offer this, and says why
+            return Outcome(name, check.id, XFAIL, f"{reason} (the backend: {error})")
         return Outcome(name, check.id, SKIP, f"not implemented by the backend (optional method): {error}")
     except CheckFailed as failure:
         status, detail = FAIL, str(failure)
@@ -128,13 +141,38 @@ def run_suite(backends: list[ResolvedBackend], checks: list[Check], workspace: W
     return [run_check(resolved, check, workspace, expected) for resolved in backends for check in checks]
 
 
-def format_report(outcomes: list[Outcome], checks: list[Check], scope: str = "") -> str:
+def parse_report(text: str) -> dict[tuple[str, str], tuple[str, str]]:
+    """(backend, check) -> (status, detail) from a report format_report wrote (its table and numbered notes)."""
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| check | ") and "passing asserts" not in line)
+    backends = [cell.strip() for cell in lines[header].strip("|").split("|")[1:]]
+    notes = {}
+    for line in lines:
+        head, _, detail = line.partition(": ")
+        number, dot, rest = head.partition(". ")
+        if dot and number.isdigit() and rest.endswith(")") and " (" in rest:
+            notes[number] = detail
+    cells = {}
+    for line in lines[header + 2:]:
+        if not line.startswith("| "):
+            break
+        parts = [cell.strip() for cell in line.strip("|").split("|")]
+        for backend, cell in zip(backends, parts[1:]):
+            if cell == "-":
+                continue
+            status, _, note = cell.partition(" [")
+            cells[backend, parts[0]] = (status, notes.get(note.rstrip("]"), "") if note else "")
+    return cells
+
+
+def format_report(outcomes: list[Outcome], checks: list[Check], scope: str = "",
+                  versions: dict[str, str] | None = None) -> str:
     """Markdown: the check x backend matrix, per-backend counts, numbered notes for every non-pass, descriptions."""
     backends = list(dict.fromkeys(o.backend for o in outcomes))
     cell, notes = {}, {}  # notes: (status, detail) -> [number, backends]
     for o in outcomes:
-        if o.status == PASS:
-            cell[o.backend, o.check] = PASS
+        if o.status in (PASS, SPEC):
+            cell[o.backend, o.check] = o.status
         else:
             note = notes.setdefault((o.status, o.detail), [len(notes) + 1, []])
             note[1] += [o.backend] if o.backend not in note[1] else []
@@ -144,8 +182,12 @@ def format_report(outcomes: list[Outcome], checks: list[Check], scope: str = "")
         "Written by `portable-spec conformance`; do not edit by hand. Each check is defined once in",
         "`portable_spec/conformance/checks.py` and run by both pytest and that command. A skip is not a pass.",
         f"Statuses: {PASS}; {FAIL}; {SKIP} (with its reason); {XFAIL} (known gap in "
-        f"`portable_spec/conformance/expected_failures.json`); {XPASS} (listed as a gap but passed: remove the entry).", "",
+        f"`portable_spec/conformance/expected_failures.json`); {XPASS} (listed as a gap but passed: remove the entry); "
+        f"{INHERITS} (the backend runs the reference's own code for what the check exercises, so it was not compared); "
+        f"{SPEC} (the reference column where the reference itself is the oracle). No check compares an object with "
+        "itself: such a comparison fails.", "",
         f"torch {torch.__version__}, transformers {transformers.__version__}, golden format {GOLDEN_FORMAT_VERSION}."
+        + "".join(f" {name}: {version}." for name, version in (versions or {}).items() if version)
         + (f" Partial run: {scope}." if scope else ""), "", "| check | " + " | ".join(backends) + " |", "| --- |" + " --- |" * len(backends),
     ]
     for check in checks:
@@ -154,7 +196,7 @@ def format_report(outcomes: list[Outcome], checks: list[Check], scope: str = "")
     lines += ["", "## Summary", ""]
     for backend in backends:
         statuses = [o.status for o in outcomes if o.backend == backend]
-        counts = ", ".join(f"{statuses.count(s)} {s}" for s in (PASS, FAIL, SKIP, XFAIL, XPASS) if s in statuses)
+        counts = ", ".join(f"{statuses.count(s)} {s}" for s in STATUSES if s in statuses)
         lines.append(f"- {backend}: {counts}")
     if notes:
         lines += ["", "## Notes", ""]

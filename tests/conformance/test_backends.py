@@ -12,7 +12,8 @@ import pytest
 from portable_spec.backends import backend_names
 
 from portable_spec.conformance.checks import all_checks
-from portable_spec.conformance.runner import FAIL, SKIP, XFAIL, XPASS, ResolvedBackend, load_expected_failures, resolve_backend, run_check
+from portable_spec.conformance.runner import (FAIL, INHERITS, SKIP, SPEC, XFAIL, XPASS, ResolvedBackend,
+                                              load_expected_failures, resolve_backend, run_check)
 
 CHECKS = all_checks()
 EXPECTED = load_expected_failures(backend_names(), [check.id for check in CHECKS])
@@ -29,8 +30,8 @@ def _resolved(name: str) -> ResolvedBackend:
 ])
 def test_conformance(backend_name, check, workspace) -> None:
     outcome = run_check(_resolved(backend_name), check, workspace, EXPECTED)
-    if outcome.status == SKIP:
-        pytest.skip(outcome.detail)
+    if outcome.status in (SKIP, INHERITS, SPEC):  # none of them is a pass
+        pytest.skip(f"{outcome.status}: {outcome.detail}")
     if outcome.status == XFAIL:
         pytest.xfail(outcome.detail)
     if outcome.status in (FAIL, XPASS):

@@ -8,9 +8,11 @@ from portable_spec import cli
 from portable_spec.backends import BACKENDS
 
 from portable_spec.conformance.checks import all_checks
-from portable_spec.conformance.runner import FAIL, PASS, SKIP, XFAIL, XPASS, ExpectedFailures, format_report, resolve_backend, run_check
-from .toy_backends import (GlobalRngBackend, LayerShiftBackend, OffByOneBackend, ToyVerifierBackend,
-                           UnavailableBackend, ZeroQBackend)
+from portable_spec.backends import ReferenceBackend
+from portable_spec.conformance.runner import (FAIL, INHERITS, PASS, SKIP, SPEC, XFAIL, XPASS, ExpectedFailures,
+                                              format_report, resolve_backend, run_check)
+from .toy_backends import (EchoReferenceBackend, GlobalRngBackend, LayerShiftBackend, OffByOneBackend,
+                           ToyVerifierBackend, UnavailableBackend, ZeroQBackend)
 
 CHECKS = {check.id: check for check in all_checks()}
 NONE_EXPECTED = ExpectedFailures(format_version=1, entries=[])
@@ -57,7 +59,28 @@ def test_wrong_layer_id_shift_is_caught(workspace) -> None:
     results = outcomes(LayerShiftBackend(), ["target/forward", "golden/top_k"], workspace)
     assert results["target/forward"].status == FAIL
     assert "features" in results["target/forward"].detail
-    assert results["golden/top_k"].status == PASS
+    assert results["golden/top_k"].status == INHERITS  # its verify is the reference's: not a pass
+
+
+def test_a_backend_returning_the_references_own_objects_is_caught(workspace) -> None:
+    """Comparing an object with itself can never pass: the echo backend fails every check it takes part in."""
+    EchoReferenceBackend.workspace = workspace
+    ids = ["target/forward", "drafter/block_logits/depth_causal", "e2e/greedy_tiny/parallel"]
+    results = outcomes(EchoReferenceBackend(), ids, workspace)
+    for cid in ids:
+        assert results[cid].status == FAIL and "compared an object with itself" in results[cid].detail, cid
+    assert outcomes(EchoReferenceBackend(), ["golden/top_k"], workspace)["golden/top_k"].status == INHERITS
+
+
+def test_the_reference_is_never_compared_with_itself(workspace) -> None:
+    """Reference column: checks whose only oracle is the reference are `spec`; the rest (golden files, statistics,
+    losslessness against its own plain decoding) really run and pass."""
+    ids = ["golden/top_k", "verify/distribution", "target/forward", "drafter/block_logits/parallel",
+           "e2e/greedy_tiny/depth_causal", "e2e/sampled_tiny/parallel"]
+    results = outcomes(ReferenceBackend(), ids, workspace)
+    assert {cid: o.status for cid, o in results.items()} == {
+        "golden/top_k": PASS, "verify/distribution": PASS, "target/forward": SPEC,
+        "drafter/block_logits/parallel": SPEC, "e2e/greedy_tiny/depth_causal": PASS, "e2e/sampled_tiny/parallel": SPEC}
 
 
 def test_unavailable_backend_is_skipped_with_its_reason_never_passed(workspace) -> None:

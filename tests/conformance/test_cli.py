@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from portable_spec import cli
 from portable_spec.conformance.golden import case_paths
 
@@ -14,8 +16,8 @@ def test_cli_writes_the_report_and_passes_on_the_reference(tmp_path, capsys) -> 
     assert code == 0, out
     text = report.read_text()
     assert "| check | reference |" in text and "| verify/distribution | pass |" in text
-    selected = len(case_paths()) + 3  # every golden file, verify/no_global_rng, verify/distribution, target/forward
-    assert f"- reference: {selected} pass" in text
+    selected = len(case_paths()) + 2  # every golden file, verify/no_global_rng, verify/distribution
+    assert f"- reference: {selected} pass, 1 spec" in text  # target/forward: the reference is its oracle
     assert text in out  # the printed table is the written one
     assert [p.name for p in report.parent.iterdir()] == ["conformance.md"]  # no temp file left behind
 
@@ -24,3 +26,22 @@ def test_cli_rejects_unknown_backend_and_empty_selection(tmp_path, capsys) -> No
     assert cli.main(["conformance", "--backends", "nope", "--output", "-"]) == 2
     assert "valid options: reference" in capsys.readouterr().err
     assert cli.main(["conformance", "--checks", "no/such/*", "--output", "-"]) == 2
+
+
+def test_committed_report_is_current_for_the_backends_that_run_here(capsys) -> None:
+    """CI fails on a stale docs/conformance.md: every column that can run here (reference, onnx) must show what this
+    run shows, status and reason per check (the vLLM column is compared by .ci/vllm_engine_tests.sh)."""
+    report = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
+    code = cli.main(["conformance", "--backends", "reference", "onnx", "--output", "-", "--check-report", str(report)])
+    out = capsys.readouterr().out
+    assert code == 0, "\n".join(line for line in out.splitlines() if line.startswith("stale:"))[:3000]
+
+
+def test_a_stale_report_is_caught(tmp_path, capsys) -> None:
+    report = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
+    tampered = tmp_path / "conformance.md"
+    tampered.write_text(report.read_text().replace("| golden/top_k | pass |", "| golden/top_k | FAIL [1] |"))
+    code = cli.main(["conformance", "--backends", "reference", "--checks", "golden/top_k", "--output", "-",
+                     "--check-report", str(tampered)])
+    out = capsys.readouterr().out
+    assert code == 1 and "stale: reference x golden/top_k" in out

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from portable_spec.backends import ReferenceBackend
+from portable_spec.backends import Backend, ReferenceBackend
 from portable_spec.noise import VerifyNoise
 from portable_spec.sampling import SamplingBatch, target_probs
+from portable_spec.spec import read_config
 from portable_spec.target import TargetModel
 from portable_spec.verify import VerifyResult
 
@@ -97,3 +98,21 @@ class UnavailableBackend(ReferenceBackend):
 
     def unavailable_reason(self) -> str | None:
         return "needs a CUDA device (toy backend for the suite's own tests)"
+
+
+class EchoReferenceBackend(Backend):
+    """Hands back the reference's own result objects (from the suite's memo) instead of computing anything: every
+    comparison it takes part in compares an object with itself, which the checks must fail, never pass."""
+
+    name = "echo_reference"
+    workspace = None  # the suite's Workspace, set by the test
+
+    def target_forward(self, target_dir, chain_ids, positions, layer_ids):
+        return self.workspace.memo("reference-target-forward", lambda: None)
+
+    def block_logits(self, target_dir, drafter_dir, *args):
+        return self.workspace.memo(("reference-block-logits", read_config(drafter_dir).kind), lambda: None)
+
+    def generate(self, target_dir, drafter_dir, prompts, config):
+        key = ("plain", "reference", str(target_dir), tuple(map(tuple, prompts)), config)
+        return self.workspace.memo(key, lambda: self.workspace.reference.generate(target_dir, None, prompts, config))

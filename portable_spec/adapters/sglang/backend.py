@@ -17,6 +17,10 @@ class SglangBackend(Backend):
     name = "sglang"
     kinds_supported = ENGINE_KINDS
 
+    def version(self) -> str | None:
+        found = installed_sglang_version()
+        return f"sglang {found}" if found else None
+
     def unavailable_reason(self) -> str | None:
         import torch
 
