@@ -226,6 +226,17 @@ def parse_config(data: dict, source: str = "config") -> DrafterConfig:
     return config
 
 
+def read_json_object(file: Path, fix: str) -> dict:
+    """A config.json's top-level object, or one SpecError naming the file (`fix` says what to do about bad JSON)."""
+    try:
+        data = json.loads(Path(file).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise SpecError(f"{file}: not valid JSON ({error}); {fix}") from None
+    if not isinstance(data, dict):
+        raise SpecError(f"{file}: top level must be a JSON object, got {type(data).__name__}")
+    return data
+
+
 def read_config(path: Path) -> DrafterConfig:
     """Read and validate `config.json` from a checkpoint directory (or a direct file path)."""
     path = Path(path)
@@ -233,10 +244,4 @@ def read_config(path: Path) -> DrafterConfig:
     if not file.is_file():
         what = "is a directory" if file.is_dir() else "not found"
         raise SpecError(f"{file}: {what}; a drafter checkpoint is a directory with config.json + model.safetensors")
-    try:
-        data = json.loads(file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise SpecError(f"{file}: not valid JSON ({error}); rewrite it with `portable-spec` tools") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"{file}: top level must be a JSON object, got {type(data).__name__}")
-    return parse_config(data, str(file))
+    return parse_config(read_json_object(file, "rewrite it with `portable-spec` tools"), str(file))

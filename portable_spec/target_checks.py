@@ -7,15 +7,20 @@ is one SpecError naming the path and the fix.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from .spec import SpecError
+from .spec import SpecError, read_json_object
 
 FIX = "pass a local Hugging Face causal-LM directory (config.json + weights), e.g. `portable-spec fetch-target smollm2`"
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # Qwen3ForCausalLM, LlamaForCausalLM, GPT2LMHeadModel, ...
+
+
+def _first_line(error: BaseException) -> str:
+    """transformers' messages run to many lines; the first says what failed."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def check_target_dir(path: Path) -> dict:
@@ -27,12 +32,7 @@ def check_target_dir(path: Path) -> dict:
     config_file = path / "config.json"
     if not config_file.is_file():
         raise SpecError(f"target={path}: no config.json file in it; {FIX}")
-    try:
-        config = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise SpecError(f"{config_file}: not valid JSON ({error}); restore the model's config.json") from None
-    if not isinstance(config, dict):
-        raise SpecError(f"{config_file}: top level must be a JSON object, got {type(config).__name__}")
+    config = read_json_object(config_file, "restore the model's config.json")
     if "variant" in config and "target" in config:
         raise SpecError(f"target={path}: is a portable-spec drafter checkpoint, not a target; pass it as --drafter "
                         "and the model it was trained for as --target")
@@ -53,8 +53,7 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype):
         model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa",
                                                            output_loading_info=True)
     except (OSError, ValueError, KeyError, RuntimeError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise SpecError(f"target={path}: transformers could not load it ({first}); {FIX}") from None
+        raise SpecError(f"target={path}: transformers could not load it ({_first_line(error)}); {FIX}") from None
     problems = {kind: sorted(info.get(kind) or []) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     problems = {kind: keys for kind, keys in problems.items() if keys}
     if problems or info.get("error_msgs"):
@@ -71,9 +70,8 @@ def load_tokenizer(path: str | Path, need_eos: bool = True):
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, KeyError, TypeError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise SpecError(f"target={path}: its tokenizer could not load ({first}); the target directory needs the "
-                        "tokenizer files saved with the model") from None
+        raise SpecError(f"target={path}: its tokenizer could not load ({_first_line(error)}); the target directory "
+                        "needs the tokenizer files saved with the model") from None
     if need_eos and tokenizer.eos_token_id is None:
         raise SpecError(f"target={path}: its tokenizer has no EOS token id, so generation could not stop; set "
                         "eos_token in tokenizer_config.json")

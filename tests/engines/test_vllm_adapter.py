@@ -28,7 +28,8 @@ from portable_spec.decode import GenerationConfig, SpeculativeDecoder
 from portable_spec.spec import SpecError, read_config
 from portable_spec.target import TargetModel
 from portable_spec.adapters.vllm import cpu_fixes
-from portable_spec.adapters.vllm.llm_api import generate_token_ids, spec_decode_counters as spec_counters
+from portable_spec.adapters.vllm.llm_api import generate_token_ids, in_process_llm
+from portable_spec.adapters.vllm.llm_api import spec_decode_counters as spec_counters
 
 # A freshly built fixture directory (scripts/make_fixtures.py --out DIR) can stand in for portable_spec/assets.
 ASSETS = Path(os.environ.get("PORTABLE_SPEC_VLLM_TEST_ASSETS", fixtures.ASSETS))
@@ -95,23 +96,13 @@ def test_plugin_names_match_checkpoint_architectures():
 # ---------------------------------------------------------------------------------------------------- helpers
 @contextmanager
 def vllm_engine(target: Path, drafter: Path | None = None, num_speculative_tokens: int | None = None, **engine):
-    """One in-process LLM; torn down (engine core + distributed state) even when startup fails."""
-    from vllm import LLM
-    from vllm.distributed import cleanup_dist_env_and_memory
-
+    """One in-process LLM (llm_api.in_process_llm) for the fixture target, optionally with a drafter."""
     kwargs = dict(ENGINE, model=str(target), **engine)
     if drafter is not None:
         kwargs["speculative_config"] = {"method": "dflash", "model": str(drafter),
                                         "num_speculative_tokens": num_speculative_tokens}
-    llm = None
-    try:
-        llm = LLM(**kwargs)
+    with in_process_llm(**kwargs) as llm:
         yield llm
-    finally:
-        if llm is not None:
-            llm.llm_engine.engine_core.shutdown()
-            del llm
-        cleanup_dist_env_and_memory()
 
 
 def generate(llm, prompts: list[list[int]], **sampling) -> list[list[int]]:

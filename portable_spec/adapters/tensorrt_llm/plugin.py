@@ -14,12 +14,11 @@ before `LLM(...)`. Importing this module imports no TensorRT-LLM; `register()` d
 
 from __future__ import annotations
 
-from importlib import metadata
-
 from portable_spec.spec import SpecError
 from portable_spec.variants import behaviour_of
 
 from .depth_causal import DepthCausalDFlashMixin
+from .export import installed_trtllm_version
 
 REGISTRY = "tensorrt_llm._torch.models.modeling_utils.register_draft_model"
 FALLBACK = ("fallback: `portable-spec export trtllm DRAFTER OUT --target TARGET --route onnx` (a TensorRT drafter "
@@ -40,13 +39,7 @@ def needs_plugin(pretrained_config) -> bool:
 
 
 def _trtllm_version(module) -> str:
-    version = getattr(module, "__version__", None)
-    if version:
-        return str(version)
-    try:
-        return metadata.version("tensorrt_llm")
-    except metadata.PackageNotFoundError:
-        return "unknown"
+    return str(getattr(module, "__version__", None) or installed_trtllm_version() or "unknown")
 
 
 def _import_registry():

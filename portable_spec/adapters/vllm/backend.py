@@ -20,7 +20,7 @@ from importlib import metadata
 from portable_spec.backends import Backend
 
 from ..shared_validate import ENGINE_KINDS
-from .llm_api import generate_token_ids
+from .llm_api import generate_token_ids, in_process_llm
 
 ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, seed=0, kv_cache_memory_bytes=256 << 20,
                    skip_tokenizer_init=True)  # fp32: greedy equality with the reference is exact only there
@@ -55,8 +55,6 @@ class VllmBackend(Backend):
     def generate(self, target_dir, drafter_dir, prompts, config):
         """One in-process LLM per call (no speculation when drafter_dir is None), torn down afterwards."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from vllm import LLM
-        from vllm.distributed import cleanup_dist_env_and_memory
 
         longest = max(map(len, prompts)) + config.max_new_tokens + config.num_draft_tokens + 8
         kwargs = dict(ENGINE_ARGS, model=str(target_dir), max_model_len=longest, max_num_seqs=len(prompts))
@@ -67,12 +65,5 @@ class VllmBackend(Backend):
         params = {} if sampling.temperature == 0 else {
             "temperature": sampling.temperature, "top_k": sampling.top_k or -1, "top_p": sampling.top_p,
             "seed": config.seed % 2**63}
-        llm = None
-        try:
-            llm = LLM(**kwargs)
+        with in_process_llm(**kwargs) as llm:
             return generate_token_ids(llm, prompts, config.max_new_tokens, **params)
-        finally:
-            if llm is not None:
-                llm.llm_engine.engine_core.shutdown()
-                del llm
-            cleanup_dist_env_and_memory()

@@ -3,6 +3,25 @@ and the speculative-decoding counters. vLLM is imported only when called."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
+
+@contextmanager
+def in_process_llm(**engine_args):
+    """One vLLM `LLM` in this process; its engine core and distributed state torn down even when startup fails."""
+    from vllm import LLM
+    from vllm.distributed import cleanup_dist_env_and_memory
+
+    llm = None
+    try:
+        llm = LLM(**engine_args)
+        yield llm
+    finally:
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+        cleanup_dist_env_and_memory()
+
 
 def generate_token_ids(llm, prompts: list[list[int]], max_tokens: int, **sampling) -> list[list[int]]:
     """Token ids for pre-tokenised prompts: greedy unless `sampling` says otherwise, never stopped at EOS."""
