@@ -25,8 +25,11 @@ def portable_config_of(config_json: bytes | str | None, source: str) -> DrafterC
     return parse_config(data, source)
 
 
-def check_servable(config: DrafterConfig, source: str, engine: str, proposer: str) -> None:
-    """Refuse what `engine`'s DFlash `proposer` cannot run: multi-pass kinds, reduced draft vocabularies."""
+def check_servable(
+    config: DrafterConfig, source: str, engine: str, proposer: str, *, reduced_vocabulary: bool = False
+) -> None:
+    """Refuse what `engine`'s DFlash `proposer` cannot run: multi-pass kinds and, unless the adapter fills the
+    engine's draft-vocabulary LM head (`reduced_vocabulary`), reduced draft vocabularies."""
     if not behaviour_of(config.kind).single_pass:
         raise SpecError(
             f"{source}: variant {config.kind!r} has no {engine} route: {engine}'s {proposer} runs one drafter pass "
@@ -34,7 +37,8 @@ def check_servable(config: DrafterConfig, source: str, engine: str, proposer: st
             f"own drafts. fix: serve a {' or '.join(ENGINE_KINDS)} drafter with {engine}, or run this one with "
             "`portable-spec generate` (reference and ONNX backends)"
         )
-    refuse_reduced_vocabulary(config, source, engine)
+    if not reduced_vocabulary:
+        refuse_reduced_vocabulary(config, source, engine)
 
 
 def refuse_reduced_vocabulary(config: DrafterConfig, source: str, engine: str) -> None:

@@ -25,7 +25,8 @@ from transformers import AutoConfig, Qwen3ForCausalLM
 
 from portable_spec import fixtures
 from portable_spec.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.spec import SpecError, read_config
+from portable_spec.checkpoint import load_drafter_files, save_drafter
+from portable_spec.spec import DrafterConfig, SpecError, read_config
 from portable_spec.target import TargetModel
 from portable_spec.adapters.vllm import cpu_fixes
 from portable_spec.adapters.vllm.llm_api import generate_token_ids, in_process_llm
@@ -34,6 +35,8 @@ from portable_spec.adapters.vllm.llm_api import spec_decode_counters as spec_cou
 # A freshly built fixture directory (scripts/make_fixtures.py --out DIR) can stand in for portable_spec/assets.
 ASSETS = Path(os.environ.get("PORTABLE_SPEC_VLLM_TEST_ASSETS", fixtures.ASSETS))
 VLLM_KINDS = ("parallel", "depth_causal")  # what vLLM serves, spelled out so the adapter cannot redefine it
+REDUCED = "depth_causal_draft_vocab"  # the depth_causal fixture re-saved with a 512-id draft vocabulary (d2t)
+DRAFT_VOCAB_SIZE = 512
 NUM_PROMPTS = 8  # held-out prompts per greedy comparison
 MAX_TOKENS = 48
 TAU_TOLERANCE = 0.01  # |tau_vllm - tau_reference| / tau_reference (measured: equal to 3 decimals)
@@ -55,6 +58,7 @@ def test_adapter_imports_no_vllm():
 
 
 def test_validate_refuses_what_vllm_cannot_serve(tmp_path):
+    from portable_spec.adapters.sglang import validate as sglang_validate
     from portable_spec.adapters.vllm import validate
     from portable_spec.testing import tiny_drafter, tiny_target
 
@@ -63,6 +67,10 @@ def test_validate_refuses_what_vllm_cannot_serve(tmp_path):
                                                                                   "autoregressive")}
     with pytest.raises(SpecError, match="no vLLM route"):
         validate.check_servable(configs["autoregressive"], "ar")
+    reduced = DrafterConfig.model_validate({**configs["depth_causal"].model_dump(), "draft_vocab_size": 64})
+    validate.check_servable(reduced, "dv")  # vLLM scores a draft vocabulary (d2t); SGLang's worker cannot
+    with pytest.raises(SpecError, match="draft_vocab_size=64: SGLang"):
+        sglang_validate.check_servable(reduced, "dv")
     with pytest.raises(SpecError, match='"method": "dflash"'):
         validate.check_method("eagle3", "dc")
     with pytest.raises(SpecError, match=r"num_speculative_tokens=3 does not fit this parallel drafter .*use 7 "):
@@ -183,15 +191,37 @@ def prompts() -> list[list[int]]:
     return [entry["ids"] for entry in entries[:NUM_PROMPTS]]
 
 
+def with_draft_vocabulary(source: Path, ids: list[int], out: Path) -> Path:
+    """`source` re-saved with a reduced draft vocabulary `ids` (EAGLE-3 layout: d2t[i] = ids[i] - i), same layers."""
+    config, weights = load_drafter_files(source)
+    config = DrafterConfig.model_validate({**config.model_dump(), "draft_vocab_size": len(ids)})
+    weights["d2t"] = torch.tensor(ids) - torch.arange(len(ids))
+    return save_drafter(out, config, weights)
+
+
 @pytest.fixture(scope="module")
-def reference(prompts):
-    """Reference backend: tokens and tau per drafter kind, plus its non-speculative tokens."""
+def drafter_dirs(prompts, tmp_path_factory) -> dict[str, Path]:
+    """The shipped drafters vLLM serves, plus REDUCED: its draft ids are every token of the target's greedy
+    continuations of the test prompts, the mask id, and the lowest other ids up to DRAFT_VOCAB_SIZE."""
+    target = TargetModel.load(ASSETS / "target")
+    seen = SpeculativeDecoder(target).generate(prompts, GenerationConfig(max_new_tokens=MAX_TOKENS)).tokens
+    config = read_config(ASSETS / "drafters" / "depth_causal")
+    ids = {token for row in seen for token in row} | {config.mask_token_id}
+    ids |= set(sorted(set(range(config.vocab_size)) - ids)[:DRAFT_VOCAB_SIZE - len(ids)])
+    dirs = {kind: ASSETS / "drafters" / kind for kind in VLLM_KINDS}
+    dirs[REDUCED] = with_draft_vocabulary(dirs["depth_causal"], sorted(ids), tmp_path_factory.mktemp("dv") / REDUCED)
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def reference(prompts, drafter_dirs):
+    """Reference backend: tokens and tau per drafter, plus its non-speculative tokens."""
     target = TargetModel.load(ASSETS / "target")
     results = {"none": (SpeculativeDecoder(target).generate(prompts, GenerationConfig(max_new_tokens=MAX_TOKENS,
                                                                                       num_draft_tokens=1)).tokens,
                         None)}
-    for kind in VLLM_KINDS:
-        drafter = target.load_drafter(ASSETS / "drafters" / kind)
+    for kind, drafter_dir in drafter_dirs.items():
+        drafter = target.load_drafter(drafter_dir)
         config = GenerationConfig(max_new_tokens=MAX_TOKENS, num_draft_tokens=drafter.config.block_size - 1)
         out = SpeculativeDecoder(target, drafter).generate(prompts, config)
         results[kind] = (out.tokens, out.stats.acceptance_length)
@@ -199,13 +229,12 @@ def reference(prompts):
 
 
 @pytest.fixture(scope="module")
-def vllm_runs(vllm_module, prompts):
-    """Every vLLM engine of the module, run once: no speculation, then each drafter kind (instrumented)."""
+def vllm_runs(vllm_module, prompts, drafter_dirs):
+    """Every vLLM engine of the module, run once: no speculation, then each drafter (instrumented)."""
     runs: dict = {}
     with vllm_engine(ASSETS / "target") as llm:
         runs["none"] = {"tokens": generate(llm, prompts)}
-    for kind in VLLM_KINDS:
-        drafter_dir = ASSETS / "drafters" / kind
+    for kind, drafter_dir in drafter_dirs.items():
         k = read_config(drafter_dir).block_size - 1
         with pytest.MonkeyPatch.context() as patch:  # no test-side fixes: the plugin's probes are what users get
             first = FirstProposal(patch)
@@ -222,7 +251,7 @@ def vllm_runs(vllm_module, prompts):
 
 @pytest.mark.engine
 @requires_assets
-@pytest.mark.parametrize("kind", VLLM_KINDS)
+@pytest.mark.parametrize("kind", (*VLLM_KINDS, REDUCED))
 def test_greedy_speculative_equals_vllm_and_reference(kind, vllm_runs, reference):
     assert vllm_runs["none"]["tokens"] == reference["none"][0]  # the two targets agree without drafting
     assert vllm_runs[kind]["tokens"] == vllm_runs["none"]["tokens"]
@@ -231,23 +260,29 @@ def test_greedy_speculative_equals_vllm_and_reference(kind, vllm_runs, reference
 
 @pytest.mark.engine
 @requires_assets
-@pytest.mark.parametrize("kind", VLLM_KINDS)
-def test_draft_logits_equal_core_drafter(kind, vllm_runs, prompts):
+@pytest.mark.parametrize("kind", (*VLLM_KINDS, REDUCED))
+def test_draft_logits_equal_core_drafter(kind, vllm_runs, prompts, drafter_dirs):
     """Same prompt, same anchor: vLLM's captured-hidden-state context + DFlash layers (+ ShiftMix) == core Drafter.
-    This is where the layer-id convention (vLLM aux layer i + 1 == HF hidden_states[i + 1]) is checked."""
+    This is where the layer-id convention (vLLM aux layer i + 1 == HF hidden_states[i + 1]) is checked, and, for
+    a draft vocabulary, that the adapter filled vLLM's draft head with the target's rows at the draft ids."""
     first, k = vllm_runs[kind]["first"], vllm_runs[kind]["k"]
     assert first["context"] == prompts[0] and first["positions"] == list(range(len(prompts[0])))
-    expected = reference_draft_logits(TargetModel.load(ASSETS / "target"), ASSETS / "drafters" / kind, prompts[0],
-                                      first["anchor"][0], k)
-    diff = (first["logits"][:k] - expected).abs().max().item()
-    print(f"{kind}: max |vLLM - core| draft logits = {diff:.2e}")
+    target = TargetModel.load(ASSETS / "target")
+    drafter = target.load_drafter(drafter_dirs[kind])
+    expected = reference_draft_logits(target, drafter_dirs[kind], prompts[0], first["anchor"][0], k)
+    logits = first["logits"][:k]
+    scored = ~torch.isneginf(expected)  # the core scores target ids too: -inf outside a draft vocabulary
+    assert scored.sum(-1).eq(drafter.config.scored_vocab_size).all()
+    assert torch.equal(~torch.isneginf(logits), scored)
+    diff = (logits[scored] - expected[scored]).abs().max().item()
+    print(f"{kind}: max |vLLM - core| draft logits = {diff:.2e} over {drafter.config.scored_vocab_size} scored ids")
     assert diff <= LOGIT_TOLERANCE
     assert first["drafts"][0] == expected.argmax(-1).tolist()
 
 
 @pytest.mark.engine
 @requires_assets
-@pytest.mark.parametrize("kind", VLLM_KINDS)
+@pytest.mark.parametrize("kind", (*VLLM_KINDS, REDUCED))
 def test_acceptance_length_matches_reference(kind, vllm_runs, reference):
     tau_vllm, tau_reference = vllm_runs[kind]["tau"], reference[kind][1]
     print(f"{kind}: tau vLLM {tau_vllm:.3f}, reference {tau_reference:.3f}")

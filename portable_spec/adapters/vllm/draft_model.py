@@ -5,6 +5,11 @@ capture at `dflash_config.target_layer_ids` (vLLM aux layer i + 1 = the output o
 context path fc -> hidden_norm -> per-layer K/V written into the drafter's KV cache by the proposer, the layers,
 the final norm and the target's shared embedding and LM head. Causal block attention needs no code (config.json
 carries `is_causal: true`). The one forward difference, depth_causal's shift-mix, is the core `ShiftMix`.
+
+A reduced draft vocabulary (config.json `draft_vocab_size`, weights `d2t`) is vLLM's own EAGLE-3 layout: its
+DFlash model builds a [draft_vocab, H] LM head and maps draft ids to target ids with `d2t` in compute_logits. A
+portable checkpoint carries no LM head (it scores the target's rows), so where vLLM would share the target's full
+head, the draft head is filled with the target's rows at the draft ids instead (`_PortableDraft.__setattr__`).
 """
 
 from __future__ import annotations
@@ -67,6 +72,8 @@ class _PortableDraft(DFlashQwen3ForCausalLM):
         self.portable = portable
         self.served_target = vllm_config.model_config
         self._binding_checked = portable is None
+        # vLLM's own [draft_vocab, H] head, kept unregistered: vLLM deletes `lm_head` before sharing the target's
+        self.__dict__["_draft_vocab_head"] = self.lm_head
         self._watch_lm_head = True  # from here on, an lm_head assignment is vLLM sharing the target's in
 
     @staticmethod
@@ -90,6 +97,22 @@ class _PortableDraft(DFlashQwen3ForCausalLM):
         super().__setattr__(name, value)
         if name == "lm_head" and self.__dict__.get("_watch_lm_head"):
             self.check_shared_target()  # both runners share embed_tokens first, then lm_head
+            if self.portable is not None and self.portable.draft_vocab_size is not None:
+                super().__setattr__(name, self._fill_draft_vocab_head(value))
+
+    def _fill_draft_vocab_head(self, target_head: torch.nn.Module) -> torch.nn.Module:
+        """The draft-vocabulary head holding the target head's rows at the draft ids (target id = draft id +
+        d2t[draft id]): the rows the reference drafter scores (Drafter.scored_logits)."""
+        head = self.__dict__["_draft_vocab_head"]
+        ids = torch.arange(self.portable.draft_vocab_size)
+        if self.draft_id_to_target_id is not None:  # None when draft_vocab_size == vocab_size (vLLM's rule)
+            ids = ids + self.draft_id_to_target_id.detach().cpu()
+        rows = _full_vocab_rows(target_head.weight, self.portable.vocab_size)[ids.to(target_head.weight.device)]
+        head.weight_loader(head.weight, rows.to(head.weight.dtype))
+        # vLLM's post-load step for this layer (on CPU it prepacks the weight for its GEMM: without it, logits
+        # would come from the rows as they were at load time)
+        head.quant_method.process_weights_after_loading(head)
+        return head
 
     def check_shared_target(self) -> None:
         """Refuse a served target whose embedding/LM head differ from the ones the drafter was trained with."""

@@ -51,8 +51,9 @@ def portable_config_of(config_json: bytes | str | None, source: str) -> DrafterC
 
 
 def check_servable(config: DrafterConfig, source: str) -> None:
-    """Refuse the drafter kinds vLLM cannot run."""
-    shared_validate.check_servable(config, source, "vLLM", "dflash proposer")
+    """Refuse the drafter kinds vLLM cannot run. A reduced draft vocabulary is served: vLLM's DFlash model has
+    `draft_vocab_size` and the EAGLE-3 `d2t` mapping; draft_model.py fills its draft-sized LM head from the target's."""
+    shared_validate.check_servable(config, source, "vLLM", "dflash proposer", reduced_vocabulary=True)
 
 
 def check_method(method: str | None, source: str) -> None:
