@@ -1,4 +1,5 @@
-"""portable-spec bench: `bench decode` (default; cli/bench_decode.py) or `bench kernels` (portable_spec.kernels.bench).
+"""portable-spec bench: `bench decode` (default; cli/bench_decode.py), `bench vllm` (cli/bench_vllm.py: the SmolLM2
+drafters inside vLLM beside vLLM's own methods) or `bench kernels` (portable_spec.kernels.bench).
 
 Both are imported when run, so building the CLI imports neither triton nor the kernels.
 """
@@ -7,18 +8,23 @@ from __future__ import annotations
 
 import argparse
 
-BENCHES = ("decode", "kernels")
+BENCHES = ("decode", "vllm", "kernels")
+DEFAULT_BATCH_SIZES = {"decode": [1, 4], "vllm": [1, 8]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("what", nargs="?", default="decode", choices=BENCHES,
-                        help="decode: speculative decoding vs autoregressive; kernels: Triton kernels vs torch twins.")
+                        help="decode: speculative decoding vs autoregressive (reference loop); vllm: the same drafters "
+                        "inside vLLM vs vLLM's ngram, dflash and no speculation; kernels: Triton kernels vs torch twins.")
     parser.add_argument("--kernel-repeats", type=int, default=5, help="kernels on CPU: timed runs per torch twin.")
     parser.add_argument("--interpret", action="store_true",
                         help="kernels on CPU: also check the kernels in Triton's interpreter (correctness, not time).")
     from .bench_decode import add_decode_arguments
 
     add_decode_arguments(parser)
+    from .bench_vllm import add_vllm_arguments
+
+    add_vllm_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,6 +32,12 @@ def run(args: argparse.Namespace) -> int:
         from portable_spec.kernels.bench import run_kernel_bench
 
         return run_kernel_bench(repeats=args.kernel_repeats, interpret=args.interpret)
+    if args.batch_sizes is None:
+        args.batch_sizes = DEFAULT_BATCH_SIZES[args.what]
+    if args.what == "vllm":
+        from .bench_vllm import run_vllm_bench
+
+        return run_vllm_bench(args)
     from .bench_decode import run_decode_bench
 
     return int(run_decode_bench(args) or 0)

@@ -26,7 +26,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=64, help="Held-out prompts.")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES))
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None,
+                        help="Default: 1 4 (decode), 1 8 (vllm).")
     parser.add_argument("--draft-confidence", type=float, default=0.3,
                         help="Also run every drafter at the largest block with rounds cut to the draft prefix it is "
                              "this confident in; 0 skips those rows.")
