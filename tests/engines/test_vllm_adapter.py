@@ -200,11 +200,18 @@ def with_draft_vocabulary(source: Path, ids: list[int], out: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def drafter_dirs(prompts, tmp_path_factory) -> dict[str, Path]:
+def reference_plain(prompts) -> tuple[TargetModel, list[list[int]]]:
+    """The fixture target and its own greedy continuations of the test prompts (reference backend, no drafter)."""
+    target = TargetModel.load(ASSETS / "target")
+    config = GenerationConfig(max_new_tokens=MAX_TOKENS, num_draft_tokens=1)
+    return target, SpeculativeDecoder(target).generate(prompts, config).tokens
+
+
+@pytest.fixture(scope="module")
+def drafter_dirs(reference_plain, tmp_path_factory) -> dict[str, Path]:
     """The shipped drafters vLLM serves, plus REDUCED: its draft ids are every token of the target's greedy
     continuations of the test prompts, the mask id, and the lowest other ids up to DRAFT_VOCAB_SIZE."""
-    target = TargetModel.load(ASSETS / "target")
-    seen = SpeculativeDecoder(target).generate(prompts, GenerationConfig(max_new_tokens=MAX_TOKENS)).tokens
+    _, seen = reference_plain
     config = read_config(ASSETS / "drafters" / "depth_causal")
     ids = {token for row in seen for token in row} | {config.mask_token_id}
     ids |= set(sorted(set(range(config.vocab_size)) - ids)[:DRAFT_VOCAB_SIZE - len(ids)])
@@ -214,12 +221,10 @@ def drafter_dirs(prompts, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def reference(prompts, drafter_dirs):
+def reference(prompts, reference_plain, drafter_dirs):
     """Reference backend: tokens and tau per drafter, plus its non-speculative tokens."""
-    target = TargetModel.load(ASSETS / "target")
-    results = {"none": (SpeculativeDecoder(target).generate(prompts, GenerationConfig(max_new_tokens=MAX_TOKENS,
-                                                                                      num_draft_tokens=1)).tokens,
-                        None)}
+    target, plain = reference_plain
+    results = {"none": (plain, None)}
     for kind, drafter_dir in drafter_dirs.items():
         drafter = target.load_drafter(drafter_dir)
         config = GenerationConfig(max_new_tokens=MAX_TOKENS, num_draft_tokens=drafter.config.block_size - 1)

