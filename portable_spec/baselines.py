@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .decode import synchronize
 from .target import TargetModel
 
 
@@ -28,9 +29,11 @@ def hf_generate(target: TargetModel, prompts: list[list[int]], max_new_tokens: i
     eos = list(stop_token_ids) or None
     for prompt in prompts:
         ids = torch.tensor([prompt], device=target.device)
+        synchronize(target.device)
         start = time.perf_counter()
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=(eos or [0])[0], **extra)
+        synchronize(target.device)
         seconds += time.perf_counter() - start
         generated = out[0, len(prompt):].tolist()
         for index, token in enumerate(generated):

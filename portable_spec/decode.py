@@ -38,6 +38,12 @@ class GenerationConfig(BaseModel):
     seed: int = Field(0, ge=0, lt=2**64, description="Keys the counter-based noise with each request id.")
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work, so a timer read after it measures the work (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 MAX_REQUEST_ID = 2**32  # the noise key holds 32 bits of request id (noise.keyed_uniforms)
 
 
@@ -138,6 +144,7 @@ class SpeculativeDecoder:
         if proposer is not None:
             proposer.config.check_num_draft_tokens(num_drafts)
         device, batch = self.target.device, len(prompts)
+        synchronize(device)
         stats, start = DecodeStats(), time.perf_counter()
         sampling = SamplingBatch.from_params([config.sampling] * batch, device)
         if request_ids is not None:
@@ -154,7 +161,7 @@ class SpeculativeDecoder:
         cache = self.target.new_cache()
         logits, features = self.target.forward(input_ids, slots, layout.valid, cache, self.layer_ids)
         context = proposer.begin(features, slots) if proposer is not None else None
-        last = logits[torch.arange(batch), lengths - 1][:, None]
+        last = logits[torch.arange(batch, device=device), lengths - 1][:, None]
         noise = self._noise(config, request_ids, lengths, 0, last.shape[-1])
         empty = torch.zeros(batch, 0, dtype=torch.int64, device=device)
         anchor = verify_op(last, empty, sampling, noise).next_token
@@ -196,6 +203,7 @@ class SpeculativeDecoder:
             if proposer is not None:
                 context = proposer.crop(context, live)
 
+        synchronize(device)
         stats.seconds = time.perf_counter() - start
         return GenerationOutput(tokens=outputs, stats=stats)
 
@@ -212,7 +220,7 @@ class SpeculativeDecoder:
     @staticmethod
     def _noise(config: GenerationConfig, request_ids, first_positions, num_drafts: int, vocab: int) -> VerifyNoise:
         if config.sampling.temperature == 0:
-            return VerifyNoise.unused(len(request_ids), num_drafts, vocab)
+            return VerifyNoise.unused(len(request_ids), num_drafts, vocab, request_ids.device)
         return VerifyNoise.for_chain(config.seed, request_ids, first_positions, num_drafts, vocab)
 
     @staticmethod

@@ -58,13 +58,17 @@ class Drafter(nn.Module):
                 or int(ids.max()) >= self.config.vocab_size:
             raise SpecError(f"draft vocabulary needs {self.config.draft_vocab_size} distinct ids in "
                             f"[0, {self.config.vocab_size}), got shape {tuple(ids.shape)}")
-        self.d2t.copy_(ids - torch.arange(len(ids)))
+        self.d2t.copy_(ids - torch.arange(len(ids), device=ids.device))
 
     def scored_logits(self, h: torch.Tensor) -> torch.Tensor:
         """[..., H] final hidden -> [..., config.scored_vocab_size]: the target's LM head, restricted to the draft
         vocabulary's rows when there is one (the slice is cached; the target is frozen)."""
         if self.config.draft_vocab_size is None:
-            return self.shared.lm_head(h)
+            head = self.shared.lm_head
+            if head.weight.dtype == h.dtype:
+                return head(h)
+            bias = getattr(head, "bias", None)  # a bf16 target's head scoring an fp32 drafter's states (training)
+            return torch.nn.functional.linear(h, head.weight.to(h.dtype), None if bias is None else bias.to(h.dtype))
         ids, weight = self._draft_head()
         return torch.nn.functional.linear(h, weight.to(h.dtype))
 

@@ -92,21 +92,32 @@ class FeatureDataset:
             raise SpecError(f"{data_dir}: no cached features; run the feature step (portable-spec train does)")
         return FeatureDataset(Sequences.concat(parts), torch.cat(features))
 
+    def to(self, device: torch.device | str) -> "FeatureDataset":
+        """Tokens and features on `device` (where batches are then gathered); offsets stay on the CPU, where the
+        batch's lengths and anchors are drawn."""
+        sequences = Sequences(self.sequences.tokens.to(device), self.sequences.offsets, self.sequences.prompt_lens)
+        return FeatureDataset(sequences, self.features.to(device))
+
     def batch(self, indices: list[int], block_size: int, anchors_per_seq: int, max_len: int,
               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """tokens [B, T], features [B, T, F] (fp32) and anchors [B, A] drawn in each reply (anchor + k <= n)."""
-        seqs = [(self.sequences.offsets[i], min(int(self.sequences.offsets[i + 1] - self.sequences.offsets[i]), max_len),
-                 int(self.sequences.prompt_lens[i])) for i in indices]
-        width = max(n for _, n, _ in seqs)
-        tokens = torch.zeros(len(seqs), width, dtype=torch.int64)
-        features = torch.zeros(len(seqs), width, self.features.shape[1], dtype=torch.float32)
-        anchors = torch.zeros(len(seqs), anchors_per_seq, dtype=torch.int64)
-        for row, (offset, length, prompt_len) in enumerate(seqs):
-            tokens[row, :length] = self.sequences.tokens[offset : offset + length].long()
-            features[row, :length] = self.features[offset : offset + length].float()
-            low, high = max(prompt_len, 1), length - block_size  # anchors in [low, high]
+        """tokens [B, T], features [B, T, F] (fp32, zero past each sequence's end) and anchors [B, A] drawn in each
+        reply (anchor + k <= n), all on the dataset's device; lengths and anchors come from the CPU generator, so
+        a batch is the same on every device."""
+        offsets, picked = self.sequences.offsets, torch.tensor(indices, dtype=torch.int64)
+        starts = offsets[picked]
+        lengths = (offsets[picked + 1] - starts).clamp(max=max_len)
+        prompt_lens = self.sequences.prompt_lens[picked]
+        anchors = torch.zeros(len(indices), anchors_per_seq, dtype=torch.int64)
+        for row in range(len(indices)):
+            low, high = max(int(prompt_lens[row]), 1), int(lengths[row]) - block_size  # anchors in [low, high]
             anchors[row] = low + torch.randint(0, max(high - low + 1, 1), (anchors_per_seq,), generator=generator)
-        return tokens, features, anchors
+        device = self.features.device
+        slots = torch.arange(int(lengths.max()))
+        rows = (starts[:, None] + slots).clamp(max=len(self.features) - 1).to(device)  # [B, T] flat row ids
+        inside = (slots < lengths[:, None]).to(device)  # [B, T]
+        tokens = torch.where(inside, self.sequences.tokens[rows].long(), 0)
+        features = torch.where(inside[..., None], self.features[rows].float(), 0.0)
+        return tokens, features, anchors.to(device)
 
     def trainable(self, block_size: int, max_len: int) -> list[int]:
         """Sequences with at least one full block inside their reply (after the max_len cut)."""

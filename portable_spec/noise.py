@@ -74,9 +74,10 @@ class VerifyNoise:
     sample_uniform: torch.Tensor  # [B, n+1, V]: exponential-race noise for the token decided at slot i
 
     @classmethod
-    def unused(cls, batch: int, num_drafts: int, vocab_size: int) -> "VerifyNoise":
-        """Placeholder noise for an all-greedy batch, where p is one-hot and no uniform can change the result."""
-        half = torch.full((1, 1, 1), 0.5)
+    def unused(cls, batch: int, num_drafts: int, vocab_size: int, device: torch.device | str) -> "VerifyNoise":
+        """Placeholder noise for an all-greedy batch, where p is one-hot and no uniform can change the result;
+        on the logits' device (verify multiplies it with them)."""
+        half = torch.full((1, 1, 1), 0.5, device=device)
         return cls(accept_uniform=half[0].expand(batch, num_drafts), sample_uniform=half.expand(batch, num_drafts + 1, vocab_size))
 
     @classmethod

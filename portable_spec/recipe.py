@@ -80,12 +80,24 @@ class RecipeConfig:
     max_prompt_tokens: int = 256
     max_new_tokens: int = 256
     generator: Generator = "auto"
+    reply_batch_size: int = 64  # prompts per generation call and per reply shard
+    feature_batch_size: int = 4  # sequences per target pass when caching features
 
 
-def prepare_prompts(tokenizer, data_path: Path, work_dir: Path, recipe: RecipeConfig) -> list[list[int]]:
+TRAIN_PROMPTS, HELDOUT_PROMPTS = "train_prompts.json", "heldout_prompts.json"
+
+
+def prompts_prepared(work_dir: Path) -> bool:
+    """The prompt stage is done in work_dir (a later run needs no data set, e.g. on a machine without it)."""
+    return (Path(work_dir) / TRAIN_PROMPTS).is_file()
+
+
+def prepare_prompts(tokenizer, data_path: Path | None, work_dir: Path, recipe: RecipeConfig) -> list[list[int]]:
     """Train prompts (cached in work_dir); the held-out split is written beside them for benchmarks."""
-    train_file, heldout_file = work_dir / "train_prompts.json", work_dir / "heldout_prompts.json"
+    train_file, heldout_file = work_dir / TRAIN_PROMPTS, work_dir / HELDOUT_PROMPTS
     if not train_file.exists():
+        if data_path is None:
+            raise SpecError(f"{work_dir}: holds no {TRAIN_PROMPTS}; pass --data with a ShareGPT-style JSON file")
         train, heldout = chat_prompt_split(tokenizer, data_path, recipe.max_prompt_tokens, recipe.num_prompts,
                                            recipe.heldout_prompts)
         write_prompts(heldout_file, heldout)
@@ -108,7 +120,7 @@ def build_config(target: TargetModel, tokenizer, recipe: RecipeConfig, model_id:
 STAGES = ("prompts", "replies", "features", "train")
 
 
-def run_recipe(target: TargetModel, tokenizer, target_dir: Path, data_path: Path, work_dir: Path, out_dir: Path,
+def run_recipe(target: TargetModel, tokenizer, target_dir: Path, data_path: Path | None, work_dir: Path, out_dir: Path,
                recipe: RecipeConfig, train: TrainConfig, model_id: str, progress: bool = True,
                until: str = "train") -> Path | None:
     """Every stage in order up to `until`; a rerun with the same work_dir skips what is done and resumes training."""
@@ -117,14 +129,15 @@ def run_recipe(target: TargetModel, tokenizer, target_dir: Path, data_path: Path
     if until == "prompts":
         return None
     data_dir = generate_replies(target_dir, prompts, work_dir / "data", max_new_tokens=recipe.max_new_tokens,
-                                generator=recipe.generator, device=str(target.device), dtype=target.model.dtype)
+                                shard_size=recipe.reply_batch_size, generator=recipe.generator,
+                                device=str(target.device), dtype=target.model.dtype)
     if until == "replies":
         return None
     config = build_config(target, tokenizer, recipe, model_id)
-    cache_features(target, data_dir, config.target_layer_ids)
+    cache_features(target, data_dir, config.target_layer_ids, batch_size=recipe.feature_batch_size)
     if until == "features":
         return None
-    dataset = FeatureDataset.load(data_dir, config.target_layer_ids, target.fingerprint)
+    dataset = FeatureDataset.load(data_dir, config.target_layer_ids, target.fingerprint).to(target.device)
     vocab = None
     if config.draft_vocab_size is not None:
         vocab = frequent_tokens(data_dir, config.draft_vocab_size, [tokenizer.eos_token_id])
@@ -136,9 +149,8 @@ def run_recipe(target: TargetModel, tokenizer, target_dir: Path, data_path: Path
 
     def draw(generator: torch.Generator):
         picks = torch.randint(0, len(usable), (train.batch_size,), generator=generator).tolist()
-        batch = dataset.batch([usable[i] for i in picks], config.block_size, train.anchors_per_seq, train.seq_len,
-                              generator)
-        return tuple(t.to(target.device) for t in batch)
+        return dataset.batch([usable[i] for i in picks], config.block_size, train.anchors_per_seq, train.seq_len,
+                             generator)
 
     def log(step: int, loss: float) -> None:
         with open(log_file, "a") as handle:

@@ -6,9 +6,12 @@ each step's batch is drawn from a generator seeded by (seed, step).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import time
 from pathlib import Path
+from typing import Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +38,11 @@ class TrainConfig(BaseModel):
     loss_gamma: float = Field(7.0, gt=0, description="Slot i's loss weight is exp(-(i-1)/gamma).")
     seed: int = Field(0, ge=0)
     save_every: int = Field(100, ge=1, description="Steps between resumable training-state saves.")
+    time_budget: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Seconds of training (resumes included): the learning-rate "
+        "schedule follows elapsed time and the run ends on time, checkpoint written; steps stays a cap.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="auto: bf16 autocast on CUDA (fp32 master weights), fp32 elsewhere.")
 
 
 def drafter_config_for(
@@ -105,10 +113,10 @@ def stream_batches(target: TargetModel, stream: torch.Tensor, config: "TrainConf
     """Batches for training on a raw token stream: random windows, features from the frozen target each step."""
 
     def draw(generator: torch.Generator):
-        tokens = sample_windows(stream, config.seq_len, config.batch_size, generator)
+        tokens = sample_windows(stream, config.seq_len, config.batch_size, generator).to(target.device)
         scores = torch.rand(config.batch_size, config.seq_len - k, generator=generator)
-        anchors = 1 + scores.argsort(dim=1)[:, : config.anchors_per_seq]  # distinct, in [1, T - k]
-        positions = torch.arange(config.seq_len).expand(config.batch_size, -1)
+        anchors = (1 + scores.argsort(dim=1)[:, : config.anchors_per_seq]).to(target.device)  # distinct, [1, T - k]
+        positions = torch.arange(config.seq_len, device=target.device).expand(config.batch_size, -1)
         with torch.no_grad():
             _, features = target.forward(tokens, positions, torch.ones_like(tokens, dtype=torch.bool),
                                          target.new_cache(), layer_ids)
@@ -117,11 +125,22 @@ def stream_batches(target: TargetModel, stream: torch.Tensor, config: "TrainConf
     return draw
 
 
-def _lr_at(step: int, config: TrainConfig) -> float:
+def _lr_at(step: int, config: TrainConfig, elapsed: float) -> float:
+    """Linear warmup over warmup_steps, then cosine decay over the steps or, with a time budget, over its seconds
+    (whichever ends first), so a run sized by time still anneals."""
     if step < config.warmup_steps:
         return config.lr * (step + 1) / config.warmup_steps
     progress = (step - config.warmup_steps) / max(config.steps - config.warmup_steps, 1)
+    if config.time_budget is not None:
+        progress = max(progress, elapsed / config.time_budget)
     return config.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """The forward pass's precision: bf16 autocast (fp32 weights and optimizer) where asked or on CUDA by default."""
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
 
 
 def check_shapes(block_size: int, config: TrainConfig) -> None:
@@ -133,11 +152,12 @@ def check_shapes(block_size: int, config: TrainConfig) -> None:
                         f"--seq-len >= {block_size + config.anchors_per_seq}")
 
 
-RESUMABLE_CHANGES = ("steps", "save_every")  # a resumed run may train longer or save more often; nothing else
+# a resumed run may train longer (in steps or seconds) or save more often; nothing else
+RESUMABLE_CHANGES = ("steps", "save_every", "time_budget")
 
 
 def _save_state(state_dir: Path, drafter: Drafter, optimizer: torch.optim.Optimizer, step: int,
-                config: TrainConfig) -> None:
+                config: TrainConfig, elapsed: float) -> None:
     state = optimizer.state_dict()
     tensors = {f"state.{i}.{name}": value for i, entry in state["state"].items() for name, value in entry.items()}
 
@@ -145,7 +165,8 @@ def _save_state(state_dir: Path, drafter: Drafter, optimizer: torch.optim.Optimi
         drafter.save(tmp / "drafter")
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
         (tmp / "trainer_state.json").write_text(json.dumps(
-            {"step": step, "param_groups": state["param_groups"], "train_config": config.model_dump()}))
+            {"step": step, "elapsed_seconds": elapsed, "param_groups": state["param_groups"],
+             "train_config": config.model_dump()}))
 
     write_dir_atomically(state_dir, write, kind="training-state")
 
@@ -156,13 +177,14 @@ def _differences(saved: dict, asked: dict, ignore: tuple[str, ...] = ()) -> list
 
 
 def _load_state(state_dir: Path, target: TargetModel, optimizer_for, drafter_config: DrafterConfig,
-                config: TrainConfig) -> tuple[Drafter, torch.optim.Optimizer, int]:
+                config: TrainConfig) -> tuple[Drafter, torch.optim.Optimizer, int, float]:
     """Resume only the run that was asked for: the saved drafter and training configs must match (steps and
     save_every may change), else a field-by-field diff; a corrupt state file is refused by name."""
     meta_file = state_dir / "trainer_state.json"
     try:
         meta = json.loads(meta_file.read_text())
         step, groups = int(meta["step"]), meta["param_groups"]
+        elapsed = float(meta.get("elapsed_seconds", 0.0))
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as error:
         raise SpecError(f"{meta_file}: corrupt training state ({type(error).__name__}: {error}); delete {state_dir} "
                         "to start over, or restore it") from None
@@ -173,14 +195,14 @@ def _load_state(state_dir: Path, target: TargetModel, optimizer_for, drafter_con
     if diff:
         raise SpecError(f"{state_dir}: holds another training run than the one asked for ({'; '.join(diff)}); "
                         f"use another --work-dir, delete {state_dir} to start over, or ask for the saved settings")
-    drafter = load_drafter(state_dir / "drafter", target.shared_modules())
+    drafter = load_drafter(state_dir / "drafter", target.shared_modules()).to(target.device)
     optimizer = optimizer_for(drafter)
     state: dict = {}
     for key, value in load_file(str(state_dir / "optimizer.safetensors")).items():
         _, index, name = key.split(".", 2)
         state.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
-    return drafter, optimizer, step
+    optimizer.load_state_dict({"state": state, "param_groups": groups})  # moves the state to the drafter's device
+    return drafter, optimizer, step, elapsed
 
 
 def train_drafter(
@@ -202,13 +224,25 @@ def train_drafter(
     return train_loop(target, drafter_config, draw, config, out_dir, state_dir, progress)
 
 
+def initial_drafter(target: TargetModel, drafter_config: DrafterConfig, seed: int,
+                    draft_vocab: torch.Tensor | None = None) -> Drafter:
+    """A fresh drafter on the target's device, initialised on the CPU from `seed` (the same weights on every
+    device), with its draft vocabulary set."""
+    torch.manual_seed(seed)
+    drafter = Drafter(drafter_config, target.shared_modules())
+    if draft_vocab is not None:
+        drafter.set_draft_vocab(draft_vocab)
+    return drafter.to(target.device)
+
+
 def train_loop(
     target: TargetModel, drafter_config: DrafterConfig, draw, config: TrainConfig, out_dir: Path,
     state_dir: Path | None = None, progress: bool = True, draft_vocab: torch.Tensor | None = None,
-    log: "callable[[int, float], None] | None" = None,
+    log: Callable[[int, float], None] | None = None,
 ) -> Drafter:
-    """Optimise a drafter on batches `draw(generator) -> (tokens, features, anchors)`; the generator is seeded by
-    (seed, step), so resuming from state_dir (saved every save_every steps) repeats the uninterrupted run."""
+    """Optimise a drafter on batches `draw(generator) -> (tokens, features, anchors)` (on the target's device); the
+    generator is seeded by (seed, step), so resuming from state_dir (saved every save_every steps) repeats the
+    uninterrupted run."""
     target.check_drafter(drafter_config)
     check_shapes(drafter_config.block_size, config)
     for param in target.model.parameters():
@@ -217,31 +251,41 @@ def train_loop(
     def optimizer_for(drafter: Drafter) -> torch.optim.Optimizer:
         return torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
 
+    device = target.device
     if state_dir is not None and (Path(state_dir) / "trainer_state.json").exists():
-        drafter, optimizer, start = _load_state(Path(state_dir), target, optimizer_for, drafter_config, config)
+        drafter, optimizer, start, elapsed = _load_state(Path(state_dir), target, optimizer_for, drafter_config,
+                                                         config)
     else:
-        torch.manual_seed(config.seed)
-        drafter, start = Drafter(drafter_config, target.shared_modules()), 0
-        if draft_vocab is not None:
-            drafter.set_draft_vocab(draft_vocab)
+        drafter, start, elapsed = initial_drafter(target, drafter_config, config.seed, draft_vocab), 0, 0.0
         optimizer = optimizer_for(drafter)
     drafter.train()
     bar = tqdm(range(start, config.steps), initial=start, total=config.steps, disable=not progress, desc=drafter_config.kind)
+    clock = time.perf_counter() - elapsed  # elapsed seconds carry over a resume
+    done = start
     for step in bar:
+        elapsed = time.perf_counter() - clock
+        if config.time_budget is not None and elapsed >= config.time_budget:
+            break
         generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
         tokens, features, anchors = draw(generator)
         for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, config)
-        loss = drafter_loss(drafter, features, tokens, anchors, config.loss_gamma)
+            group["lr"] = _lr_at(step, config, elapsed)
+        with autocast_for(config.precision, device):
+            loss = drafter_loss(drafter, features, tokens, anchors, config.loss_gamma)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
         optimizer.step()
-        bar.set_postfix(loss=f"{loss.item():.3f}")
+        loss_value = loss.item()
+        bar.set_postfix(loss=f"{loss_value:.3f}")
         if log is not None:
-            log(step + 1, loss.item())
-        if state_dir is not None and ((step + 1) % config.save_every == 0 or step + 1 == config.steps):
-            _save_state(Path(state_dir), drafter, optimizer, step + 1, config)
+            log(step + 1, loss_value)
+        done = step + 1
+        if state_dir is not None and done % config.save_every == 0:
+            _save_state(Path(state_dir), drafter, optimizer, done, config, time.perf_counter() - clock)
+    bar.close()
+    if state_dir is not None and done > start and done % config.save_every:  # where a longer run resumes
+        _save_state(Path(state_dir), drafter, optimizer, done, config, time.perf_counter() - clock)
     drafter.eval()
     drafter.save(out_dir)
     return drafter

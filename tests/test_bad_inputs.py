@@ -194,6 +194,11 @@ CASES = [
          expect=r"seq_len=16 leaves 0 anchor positions for block_size=16"),
     Case("train --lr 0", TRAIN + ("--lr", "0"), expect=r"lr=0\.0"),
     Case("train --data MISSING_FILE", TRAIN[:-1] + ("{missing}",), expect=r"--data .*missing: not a file"),
+    Case("train --device cuda (no CUDA here)", TRAIN + ("--device", "cuda"), expect=r"--device cuda: this torch build "
+         r"sees no CUDA device"),
+    Case("train --device banana", TRAIN + ("--device", "banana"), expect=r"--device 'banana': not a torch device"),
+    Case("train --reply-batch-size 0", TRAIN + ("--reply-batch-size", "0"), expect=r"--reply-batch-size=0"),
+    Case("train --time-budget 0", TRAIN + ("--time-budget", "0"), expect=r"time_budget=0\.0"),
     # -- API ------------------------------------------------------------------------------------------------------
     Case("SpeculativeDecoder.generate([[1, 3.7]], ...)", api=_api_prompt_float, expect=r"prompts\[0\] holds 3\.7"),
     Case("SpeculativeDecoder.generate(..., request_ids=[2**40])", api=_api_request_id,

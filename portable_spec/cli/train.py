@@ -7,11 +7,13 @@
 from __future__ import annotations
 
 import argparse
+import typing
 from pathlib import Path
 
 import torch
+from pydantic.fields import FieldInfo
 
-from ..recipe import STAGES, RecipeConfig, run_recipe
+from ..recipe import STAGES, RecipeConfig, prompts_prepared, run_recipe
 from ..spec import VARIANT_KINDS, SpecError
 from ..target_checks import load_tokenizer
 from ..train import TrainConfig, check_shapes
@@ -41,14 +43,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     recipe.add_argument("--draft-vocab-size", type=int, default=8192,
                         help="Most frequent reply tokens the drafter scores; 0 for the full vocabulary.")
     recipe.add_argument("--mask-token-id", type=int, default=None, help="Default: see recipe.mask_token_for.")
+    recipe.add_argument("--reply-batch-size", type=int, default=64,
+                        help="Prompts per reply-generation call (and per data shard); hundreds on a GPU.")
+    recipe.add_argument("--feature-batch-size", type=int, default=4,
+                        help="Sequences per target pass when caching features; tens on a GPU.")
     optim = parser.add_argument_group("optimisation")
     for name, field in TrainConfig.model_fields.items():
-        optim.add_argument(f"--{name.replace('_', '-')}", type=type(field.default), default=field.default,
-                           help=field.description)
+        optim.add_argument(f"--{name.replace('_', '-')}", default=field.default, help=field.description,
+                           **_argument_type(field))
     parser.add_argument("--until", choices=STAGES, default="train",
                         help="Stop after this stage (e.g. prepare data once, then train several kinds on it).")
     parser.add_argument("--device", default="cpu", help="Where the target and drafter run (cpu, cuda, cuda:1).")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="Target dtype (bfloat16 on a GPU).")
+
+
+def _argument_type(field: FieldInfo) -> dict:
+    """argparse's type (or choices) for a TrainConfig field: Literal -> choices, `X | None` -> X."""
+    annotation = field.annotation
+    if typing.get_origin(annotation) is typing.Literal:
+        return {"choices": typing.get_args(annotation)}
+    options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+    return {"type": options[0]}
+
+
+def check_device(device: str) -> torch.device:
+    """--device names a device this torch can use (before any model loads)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise SpecError(f"--device {device!r}: not a torch device; use cpu, cuda or cuda:N") from None
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SpecError(f"--device {device}: this torch build sees no CUDA device; use --device "
+                            "cpu, or install a CUDA build of torch on a GPU machine")
+        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
+            raise SpecError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible; use "
+                            f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
+    elif parsed.type != "cpu":
+        raise SpecError(f"--device {device}: portable-spec runs on cpu or cuda")
+    return parsed
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,18 +95,24 @@ def run(args: argparse.Namespace) -> int:
         intermediate_size=args.intermediate_size, target_layer_ids=args.target_layer_ids,
         draft_vocab_size=args.draft_vocab_size or None, mask_token_id=args.mask_token_id,
         num_prompts=args.num_prompts, max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
-        generator=args.generator,
+        generator=args.generator, reply_batch_size=args.reply_batch_size, feature_batch_size=args.feature_batch_size,
     )
     check_shapes(args.block_size, train)  # before any model loads
-    data = args.data or sharegpt_path()
-    if not Path(data).is_file():
+    device = check_device(args.device)
+    for name in ("reply_batch_size", "feature_batch_size"):
+        if getattr(args, name) < 1:
+            raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be at least 1")
+    data = args.data
+    if data is None and not prompts_prepared(args.work_dir):  # a prepared work dir needs no data set
+        data = sharegpt_path()
+    if data is not None and not Path(data).is_file():
         raise SpecError(f"--data {data}: not a file; pass a ShareGPT-style JSON file")
     target_dir = resolve_target(args.target)
     target = TargetModel.load(target_dir, dtype=DTYPES[args.dtype])
-    target.model.to(args.device)
+    target.model.to(device)
     tokenizer = load_tokenizer(target_dir)
     model_id = KNOWN_TARGETS[args.target].model_id if args.target in KNOWN_TARGETS else target_model_id(target_dir)
-    out = run_recipe(target, tokenizer, target_dir, Path(data), args.work_dir, args.out, recipe, train, model_id,
+    out = run_recipe(target, tokenizer, target_dir, data and Path(data), args.work_dir, args.out, recipe, train, model_id,
                      until=args.until)
     if out is None:
         print(f"stopped after stage {args.until!r}; {args.work_dir} holds the data")
