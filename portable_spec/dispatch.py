@@ -2,9 +2,9 @@
 the torch reference elsewhere.
 
 Kernels are a layer above the core: they register themselves in the `portable_spec.kernels` entry-point group
-(name -> module), so the core never names the kernels package. Adapters and the decode loop call `verify_op` /
-`attention_op`, never a kernel module. Force an implementation with
-the `impl` argument or PORTABLE_SPEC_KERNELS=auto|torch|triton (the argument wins). Forcing "triton" on CPU
+(name -> module), so the core never names the kernels package. The decode loop calls `verify_op` every round and
+the drafter's layers call `attention_op` for one block per request; nothing calls a kernel module directly. Force
+an implementation with the `impl` argument or PORTABLE_SPEC_KERNELS=auto|torch|triton (the argument wins). Forcing "triton" on CPU
 tensors needs TRITON_INTERPRET=1 set before triton is first imported (the interpreter; tests do this).
 triton is imported here lazily, only when a Triton implementation is chosen.
 """
@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from .drafter_layers import block_attention_mask, injected_attention
+from .attention import block_attention_mask, injected_attention
 from .noise import VerifyNoise
 from .sampling import SamplingBatch, target_probs
 from .verify import VerifyResult, verify

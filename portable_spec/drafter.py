@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from .checkpoint import load_drafter_files, save_drafter
-from .drafter_layers import DrafterLayer, rotary_cos_sin, within_block_mask
+from .attention import BlockMask, within_block_mask
+from .drafter_layers import DrafterLayer, rotary_cos_sin
 from .spec import DrafterConfig, SpecError
 from .variants import behaviour_of
 
@@ -100,7 +101,7 @@ class Drafter(nn.Module):
         block_ids: torch.Tensor,  # [B, A, k]
         block_positions: torch.Tensor,  # [B, A, k]
         context: ContextKV,
-        context_mask: torch.Tensor,  # [B, A*k, T] bool: which context slots each block slot may see
+        context_mask: torch.Tensor,  # [B, A*k, T] bool per block slot, or [B, T] for one block per request
     ) -> torch.Tensor:  # [B, A, k, V]
         """Logits over the target vocabulary; with a draft vocabulary, -inf outside it (as vLLM's DFlash does), so
         argmax, sampling and every backend's comparison need no id mapping."""
@@ -116,15 +117,22 @@ class Drafter(nn.Module):
         block_ids: torch.Tensor,  # [B, A, k]
         block_positions: torch.Tensor,  # [B, A, k]
         context: ContextKV,
-        context_mask: torch.Tensor,  # [B, A*k, T] bool
+        context_mask: torch.Tensor,  # [B, A*k, T] bool per block slot, or [B, T] for one block per request
     ) -> torch.Tensor:  # [B, A, k, H], after the final norm
+        """A [B, T] context mask (decoding: one block per request, every slot sees the same context) takes the
+        dispatched attention (the Triton kernel on CUDA); a per-slot mask (training's packed blocks) the dense one."""
         if self.shared is None:
-            raise SpecError("drafter is not bound to a target; load it with load_drafter(..., target=...)")
+            raise SpecError("drafter is not bound to a target; load it with TargetModel.load_drafter(...)")
         b, a, k = block_ids.shape
         h = self.shared.embed_tokens(block_ids).to(self.fc.weight.dtype)
         cos, sin = rotary_cos_sin(block_positions.reshape(b, a * k), self.config.head_dim, self.config.rope_theta, h.dtype)
-        block_mask = within_block_mask(k, self.behaviour.block_causal, a, h.device)  # [A*k, A*k]
-        mask = torch.cat((context_mask, block_mask.expand(b, -1, -1)), dim=-1)[:, None]
+        if context_mask.dim() == 2:
+            if a != 1:
+                raise ValueError(f"a [B, T] context mask serves one block per request, got {a} blocks per row")
+            mask = BlockMask(context_valid=context_mask, block_causal=self.behaviour.block_causal)
+        else:
+            block_mask = within_block_mask(k, self.behaviour.block_causal, a, h.device)  # [A*k, A*k]
+            mask = BlockMask(dense=torch.cat((context_mask, block_mask.expand(b, -1, -1)), dim=-1)[:, None])
         for layer, (context_k, context_v) in zip(self.layers, context):
             h = layer(h, cos, sin, context_k, context_v, mask)
         return self.norm(h)
@@ -156,8 +164,7 @@ class Drafter(nn.Module):
     def _single_block(self, block_ids, anchor_positions, context, context_valid):
         k = block_ids.shape[-1]
         positions = anchor_positions[:, None, None] + torch.arange(k, device=block_ids.device)
-        context_mask = context_valid[:, None, :].expand(-1, k, -1)
-        return self.block_logits(block_ids, positions, context, context_mask)
+        return self.block_logits(block_ids, positions, context, context_valid)
 
     # -- persistence -----------------------------------------------------------------------------
     def save(self, out_dir: Path) -> Path:

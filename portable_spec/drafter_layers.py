@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .attention import BlockMask, injected_attention
+from .dispatch import attention_op
 from .spec import DrafterConfig
 
 
@@ -21,41 +23,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
-
-
-def injected_attention(
-    q: torch.Tensor,  # [B, H, Q, d], normed and rotated
-    context_k: torch.Tensor,  # [B, kv_heads, T, d]
-    context_v: torch.Tensor,  # [B, kv_heads, T, d]
-    block_k: torch.Tensor,  # [B, kv_heads, Q, d]
-    block_v: torch.Tensor,  # [B, kv_heads, Q, d]
-    mask: torch.Tensor,  # [B, 1, Q, T+Q] bool, True = may attend
-) -> torch.Tensor:  # [B, H, Q, d]
-    """Block queries attend to [injected context; block] keys/values (GQA: kv heads repeated).
-
-    The torch twin of portable_spec/kernels/attention_triton.py (with the mask from `block_attention_mask`).
-    """
-    k = torch.cat((context_k, block_k), dim=2)
-    v = torch.cat((context_v, block_v), dim=2)
-    groups = q.shape[1] // context_k.shape[1]
-    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
-def within_block_mask(block_size: int, block_causal: bool, num_blocks: int = 1, device=None) -> torch.Tensor:
-    """[A*k, A*k] bool: which block slots each block slot sees; blocks never see each other (training packs A
-    blocks per row), and inside a block every slot sees every slot unless the variant is block-causal."""
-    within = torch.ones(block_size, block_size, dtype=torch.bool, device=device)
-    if block_causal:
-        within = within.tril()
-    return torch.block_diag(*([within] * num_blocks)) if num_blocks > 1 else within
-
-
-def block_attention_mask(context_valid: torch.Tensor, block_size: int, block_causal: bool) -> torch.Tensor:
-    """Mask for one block per request: context_valid [B, T] bool -> [B, 1, k, T+k] (causal or full in the block)."""
-    within = within_block_mask(block_size, block_causal, device=context_valid.device)
-    context = context_valid[:, None, :].expand(-1, block_size, -1)
-    return torch.cat((context, within.expand(context_valid.shape[0], -1, -1)), dim=-1)[:, None]
 
 
 class DrafterAttention(nn.Module):
@@ -79,13 +46,17 @@ class DrafterAttention(nn.Module):
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         return apply_rotary(k, cos, sin), v
 
-    def forward(self, x, cos, sin, context_k, context_v, mask):
-        """x [B, Q, H]; context_k/v [B, kv, T, d]; mask [B, 1, Q, T+Q] bool (True = may attend)."""
+    def forward(self, x, cos, sin, context_k, context_v, mask: BlockMask):
+        """x [B, Q, H]; context_k/v [B, kv, T, d]. One block per request goes through dispatch.attention_op (the
+        Triton kernel on CUDA, the torch twin elsewhere); packed training blocks through the dense torch math."""
         b, q_len, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
         q = apply_rotary(q, cos, sin)
         block_k, block_v = self.project_kv(x, cos, sin)
-        out = injected_attention(q, context_k, context_v, block_k, block_v, mask)
+        if mask.dense is not None:
+            out = injected_attention(q, context_k, context_v, block_k, block_v, mask.dense)
+        else:
+            out = attention_op(q, context_k, context_v, block_k, block_v, mask.context_valid, mask.block_causal)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
@@ -122,7 +93,7 @@ class DrafterLayer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = DrafterMLP(config)
 
-    def forward(self, h, cos, sin, context_k, context_v, mask):
+    def forward(self, h, cos, sin, context_k, context_v, mask: BlockMask):
         """h [B, A, k, H] -> [B, A, k, H]; the A*k block slots are the queries."""
         if self.shift_mix is not None:
             h = self.shift_mix(h)

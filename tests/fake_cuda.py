@@ -125,9 +125,10 @@ class _CudaOnCpu(TorchFunctionMode):
 @contextlib.contextmanager
 def fake_cuda() -> Iterator[None]:
     """Inside: `device="cuda"` works on a CPU-only torch, computes on the CPU, and device mixes raise."""
-    lazy_init = torch.cuda._lazy_init
+    lazy_init, synchronize = torch.cuda._lazy_init, torch.cuda.synchronize
     overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.cuda._lazy_init = lambda: None  # a CPU build cannot initialise CUDA; nothing here needs it
+    torch.cuda.synchronize = lambda device=None: None  # every op has already run, on the CPU
     # Module.to must hand over the wrapper itself: `param.data = wrapper` would keep a plain Parameter object
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     torch._C._ensureCUDADeviceGuardSet()  # a no-op device guard for `cuda`, as FakeTensorMode installs
@@ -135,5 +136,5 @@ def fake_cuda() -> Iterator[None]:
         with _CudaOnCpu():
             yield
     finally:
-        torch.cuda._lazy_init = lazy_init
+        torch.cuda._lazy_init, torch.cuda.synchronize = lazy_init, synchronize
         torch.__future__.set_overwrite_module_params_on_conversion(overwrite)

@@ -208,6 +208,28 @@ def test_attention_twin_is_the_drafter_attention():
         torch.testing.assert_close(got, expected)
 
 
+@pytest.mark.parametrize("kind", ["depth_causal", "parallel"])
+def test_decode_loop_drafts_through_the_attention_kernel(interpreted, monkeypatch, kind):
+    """The reference loop's drafter attention goes through dispatch.attention_op: forced to Triton (interpreter
+    here, compiled on CUDA) the kernel runs every round and the output equals the torch twin's."""
+    from portable_spec.decode import GenerationConfig, SpeculativeDecoder
+    from portable_spec.testing import tiny_drafter, tiny_target
+
+    target = tiny_target()
+    drafter = tiny_drafter(target, kind, block_size=4)
+    config = GenerationConfig(max_new_tokens=6, num_draft_tokens=3)
+    prompts = [[5, 9, 14, 3], [40, 41, 42, 43, 44]]
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    expected = SpeculativeDecoder(target, drafter).generate(prompts, config).tokens
+    attention = interpreted[1]
+    calls = []
+    original = attention.injected_attention_triton
+    monkeypatch.setattr(attention, "injected_attention_triton", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    assert SpeculativeDecoder(target, drafter).generate(prompts, config).tokens == expected
+    assert len(calls) >= drafter.config.num_hidden_layers  # every layer of every drafter pass
+
+
 # -- dispatch --------------------------------------------------------------------------------------------------
 def test_dispatch_picks_torch_on_cpu_and_obeys_overrides(monkeypatch):
     cpu = torch.zeros(1)

@@ -1,6 +1,6 @@
 """Drafter attention for one block per request, fused: injected context KV + block KV, causal or full block mask.
 
-Twin: portable_spec.drafter_layers.injected_attention with block_attention_mask. One program per
+Twin: portable_spec.attention.injected_attention with block_attention_mask. One program per
 (request, kv head, context split) holds all `groups * k` query rows of that kv head, so each K/V tile is read
 once for the whole GQA group (the drafter's k queries are few: this is decode-shaped, memory-bound attention).
 Context validity (holes from rejected slots) is a [B, T] mask read per tile; the k block keys/values are read
