@@ -4,6 +4,9 @@ fixtures (`--target fixture`, seconds instead of minutes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from . import fixtures, real_assets
 from .drafter import Drafter
@@ -25,10 +28,18 @@ class BenchSetup:
     default_confidence: float = 0.0
 
 
-def load_setup(which: str, kinds: list[str] = list(VARIANT_KINDS)) -> BenchSetup:
+def load_setup(which: str, kinds: tuple[str, ...] = VARIANT_KINDS, device: str = "cpu",
+               drafter_dirs: dict[str, Path] | None = None) -> BenchSetup:
+    """The target on `device` and its drafters: the shipped ones of `kinds`, or `drafter_dirs` (row name ->
+    checkpoint directory) instead, e.g. freshly trained drafters beside the shipped ones."""
+    def drafters_for(target: TargetModel, shipped) -> dict[str, Drafter]:
+        dirs = drafter_dirs if drafter_dirs else {kind: shipped(kind) for kind in kinds}
+        return {name: target.load_drafter(path).to(device) for name, path in dirs.items()}
+
     if which == "fixture":
         target = TargetModel.load(fixtures.target_dir())
-        drafters = {kind: target.load_drafter(fixtures.drafter_dir(kind)) for kind in kinds}
+        target.model.to(device)
+        drafters = drafters_for(target, fixtures.drafter_dir)
         return BenchSetup(which, target, drafters, fixtures.heldout_prompts(), (),
                           f"fixture target {fixtures.target_dir()} (held-out Python stdlib prompts)")
     from transformers import AutoTokenizer
@@ -37,11 +48,19 @@ def load_setup(which: str, kinds: list[str] = list(VARIANT_KINDS)) -> BenchSetup
 
     target_dir = fetch_target(which)
     target = TargetModel.load(target_dir)
-    drafters = {kind: target.load_drafter(real_assets.drafter_dir(kind)) for kind in kinds}
+    target.model.to(device)
+    drafters = drafters_for(target, real_assets.drafter_dir)
     eos = AutoTokenizer.from_pretrained(str(target_dir)).eos_token_id
     return BenchSetup(which, target, drafters, real_assets.heldout_prompts(), (eos,),
                       "SmolLM2-135M-Instruct (held-out ShareGPT prompts, chat template, stop at <|im_end|>)",
                       default_num_drafts=3)  # block 4: the fastest block on a 2-core CPU (docs/benchmarks/smollm2)
+
+
+def device_name(device: torch.device) -> str:
+    """What a benchmark header says it ran on."""
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
+    return f"{torch.get_num_threads()} CPU threads (torch {torch.__version__})"
 
 
 def param_count(target: TargetModel) -> float:

