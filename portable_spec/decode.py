@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from .dispatch import verify_op  # the torch twin (== verify) off CUDA, the fused Triton kernel on it
@@ -28,9 +30,10 @@ from .target import TargetModel
 class GenerationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_new_tokens: int = Field(64, ge=1, description="Tokens to generate per request, at most.")
-    num_draft_tokens: int = Field(7, ge=1, description="Draft tokens per round (block_size - 1 at most).")
-    stop_token_ids: tuple[int, ...] = Field((), description="Generation ends after emitting any of these.")
+    max_new_tokens: int = Field(64, ge=1, strict=True, description="Tokens to generate per request, at most.")
+    num_draft_tokens: int = Field(7, ge=1, strict=True, description="Draft tokens per round (block_size - 1 at most).")
+    stop_token_ids: tuple[Annotated[int, Field(ge=0, strict=True)], ...] = Field(
+        (), description="Generation ends after emitting any of these (token ids of the target's vocabulary).")
     draft_confidence: float = Field(
         0.0, ge=0.0, lt=1.0, description="Verify only the draft prefix whose drafter probabilities multiply to at "
         "least this (at least one draft); 0 verifies every draft. Lossless for any value: verification is unchanged.")
@@ -111,10 +114,24 @@ class SpeculativeDecoder:
             target.check_drafter(self.proposer.config)
         self.layer_ids = self.proposer.config.target_layer_ids if self.proposer is not None else None
 
-    def _check_prompts(self, prompts: list[list[int]]) -> None:
+    def _check_prompts(self, prompts: list[list[int]], config: GenerationConfig) -> None:
+        if not isinstance(prompts, (list, tuple)) or any(not isinstance(p, (list, tuple)) for p in prompts):
+            raise SpecError(f"prompts is a {type(prompts).__name__}; pass a list of token-id lists (a tensor: "
+                            "prompts.tolist())")
         if not prompts:
             raise SpecError("prompts is empty: pass at least one prompt")
         vocab = self.target.model.get_input_embeddings().weight.shape[0]
+        outside = [t for t in config.stop_token_ids if t >= vocab]
+        if outside:
+            raise SpecError(f"stop_token_ids={list(config.stop_token_ids)}: {outside} are outside the target's "
+                            f"vocabulary [0, {vocab}) and can never be emitted; use the tokenizer's ids")
+        limit = getattr(self.target.config, "max_position_embeddings", None)
+        drafts = config.num_draft_tokens if self.proposer is not None else 0
+        longest = max(len(p) for p in prompts)
+        if limit is not None and longest + config.max_new_tokens + drafts > limit:
+            raise SpecError(f"the longest prompt ({longest} tokens) + max_new_tokens={config.max_new_tokens} + "
+                            f"{drafts} draft slots reach past the target's max_position_embeddings={limit}; shorten "
+                            f"the prompt or lower max_new_tokens to {max(limit - longest - drafts, 0)}")
         for index, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise SpecError(f"prompts[{index}] is empty: every prompt needs at least one token (e.g. BOS)")
@@ -138,7 +155,7 @@ class SpeculativeDecoder:
             return self._generate(prompts, config, request_ids)
 
     def _generate(self, prompts, config: GenerationConfig, request_ids: list[int] | None) -> GenerationOutput:
-        self._check_prompts(prompts)
+        self._check_prompts(prompts, config)
         proposer = self.proposer
         num_drafts = config.num_draft_tokens if proposer is not None else 0
         if proposer is not None:

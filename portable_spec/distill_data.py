@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from .checkpoint import write_file_atomically
-from .spec import SpecError
+from .outputs import write_file_atomically
+from .spec import SpecError, read_json_object
 
 Generator = Literal["auto", "vllm", "hf"]
 
@@ -64,11 +67,19 @@ def _write_shard(path: Path, sequences: Sequences) -> None:
     write_file_atomically(path, lambda tmp: save_file(tensors, str(tmp)))
 
 
+def read_shard(path: Path) -> Sequences:
+    """A reply shard, or one SpecError naming it when it is truncated or not ours."""
+    try:
+        return Sequences(**load_file(str(path)))
+    except (SafetensorError, OSError, TypeError, ValueError) as error:
+        raise SpecError(f"{path}: not a readable reply shard ({error}); delete it and rerun to regenerate it") from None
+
+
 def _shard_done(path: Path, prompts: list[list[int]]) -> bool:
     """A shard counts as done when it exists and holds exactly these prompts (a longer run may extend the last)."""
     if not path.exists():
         return False
-    done = Sequences(**load_file(str(path)))
+    done = read_shard(path)
     return len(done) == len(prompts) and all(
         done.sequence(i)[: len(p)].tolist() == p for i, p in enumerate(prompts))
 
@@ -80,7 +91,7 @@ def load_sequences(data_dir: Path, featurised_only: bool = False) -> Sequences:
         shards = [s for s in shards if s.with_name(s.name.replace("shard-", "features-")).exists()]
     if not shards:
         raise SpecError(f"{data_dir}: no shard-*.safetensors; create it with `portable-spec train --data ...`")
-    return Sequences.concat([Sequences(**load_file(str(s))) for s in shards])
+    return Sequences.concat([read_shard(s) for s in shards])
 
 
 def _pick_generator(generator: Generator) -> str:
@@ -138,25 +149,35 @@ class _HfReplies:
 def generate_replies(
     target_dir: Path, prompts: list[list[int]], out_dir: Path, *, max_new_tokens: int = 256,
     shard_size: int = 64, generator: Generator = "auto", device: str = "cpu", dtype: torch.dtype = torch.float32,
+    lock: Callable[[], AbstractContextManager] = nullcontext,
 ) -> Path:
-    """Greedy replies for `prompts`, shard by shard into out_dir; finished shards are kept, so reruns resume."""
+    """Greedy replies for `prompts`, shard by shard into out_dir; finished shards are kept, so reruns resume.
+    `lock()` is held while there is work to do (a run that finds every shard done takes no lock)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta_file = out_dir / "distill.json"
     meta = {"max_new_tokens": max_new_tokens, "shard_size": shard_size}  # what a shard's content depends on
     if meta_file.exists():
-        previous = json.loads(meta_file.read_text())
+        previous = read_json_object(meta_file, f"delete {out_dir} to regenerate the replies")
         changed = {k: (previous.get(k), v) for k, v in meta.items() if previous.get(k) != v}
         if changed:
             raise SpecError(f"{out_dir}: holds data made with other settings {changed} (was, now); "
                             "use another directory or the same settings")
-    else:  # written once, atomically: several training runs may share one data directory
-        text = json.dumps({**meta, "target": Path(target_dir).name}, indent=1) + "\n"
-        write_file_atomically(meta_file, lambda tmp: tmp.write_text(text))
-    shards = [(i, prompts[i * shard_size : (i + 1) * shard_size]) for i in range((len(prompts) + shard_size - 1) // shard_size)]
+    shards = [(i, prompts[i * shard_size : (i + 1) * shard_size])
+              for i in range((len(prompts) + shard_size - 1) // shard_size)]
     todo = [(i, chunk) for i, chunk in shards if not _shard_done(out_dir / f"shard-{i:05d}.safetensors", chunk)]
     if not todo:
         return out_dir
+    with lock():
+        if not meta_file.exists():  # written once, atomically: several training runs may share one data directory
+            text = json.dumps({**meta, "target": Path(target_dir).name}, indent=1) + "\n"
+            write_file_atomically(meta_file, lambda tmp: tmp.write_text(text))
+        _generate_shards(target_dir, prompts, out_dir, todo, max_new_tokens, generator, device, dtype)
+    return out_dir
+
+
+def _generate_shards(target_dir: Path, prompts: list[list[int]], out_dir: Path, todo: list, max_new_tokens: int,
+                     generator: Generator, device: str, dtype: torch.dtype) -> None:
     kind = _pick_generator(generator)
     longest = max(len(p) for p in prompts) + max_new_tokens
     replies_for = _VllmReplies(target_dir, longest) if kind == "vllm" else _HfReplies(target_dir, device, dtype)
@@ -168,4 +189,3 @@ def generate_replies(
         bar.update(len(chunk))
         bar.set_postfix(tokens=sum(len(r) for r in replies))
     bar.close()
-    return out_dir

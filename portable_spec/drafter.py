@@ -167,8 +167,8 @@ class Drafter(nn.Module):
         return self.block_logits(block_ids, positions, context, context_valid)
 
     # -- persistence -----------------------------------------------------------------------------
-    def save(self, out_dir: Path) -> Path:
-        return save_drafter(out_dir, self.config, self.state_dict())
+    def save(self, out_dir: Path, force: bool = False, owner: str | None = None) -> Path:
+        return save_drafter(out_dir, self.config, self.state_dict(), force=force, owner=owner)
 
 
 def greedy_drafts(

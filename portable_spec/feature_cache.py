@@ -8,16 +8,18 @@ flat `tokens`; the layer ids and target fingerprint are in its metadata and chec
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from .checkpoint import write_file_atomically
-from .distill_data import Sequences
+from .outputs import write_file_atomically
+from .distill_data import Sequences, read_shard
 from .spec import SpecError
 from .target import TargetModel
 
@@ -36,15 +38,23 @@ def sequence_features(target: TargetModel, sequences: list[torch.Tensor], layer_
     return [features[row, : len(seq)].to("cpu", torch.bfloat16) for row, seq in enumerate(sequences)]
 
 
-def cache_features(target: TargetModel, data_dir: Path, layer_ids: list[int], batch_size: int = 4) -> None:
-    """Write features-NNNNN.safetensors beside each shard that lacks one (resumable, each file atomic)."""
+def cache_features(target: TargetModel, data_dir: Path, layer_ids: list[int], batch_size: int = 4,
+                   lock: Callable[[], AbstractContextManager] = nullcontext) -> None:
+    """Write features-NNNNN.safetensors beside each shard that lacks one (resumable, each file atomic); `lock()` is
+    held while there is work to do."""
     shards = sorted(Path(data_dir).glob("shard-*.safetensors"))
     meta = {"layer_ids": json.dumps(layer_ids), "fingerprint": target.fingerprint}
     todo = [s for s in shards if not _features_path(s).exists() or _read_meta(_features_path(s)) != meta]
-    total = sum(int(load_file(str(s))["offsets"][-1]) for s in todo)
+    if todo:
+        with lock():
+            _cache(target, todo, layer_ids, batch_size, meta)
+
+
+def _cache(target: TargetModel, todo: list[Path], layer_ids: list[int], batch_size: int, meta: dict) -> None:
+    total = sum(int(read_shard(s).offsets[-1]) for s in todo)
     bar = tqdm(total=total, unit="tok", desc="target features")
     for shard in todo:
-        sequences = Sequences(**load_file(str(shard)))
+        sequences = read_shard(shard)
         order = sorted(range(len(sequences)), key=lambda i: len(sequences.sequence(i)))  # similar lengths batch well
         rows: dict[int, torch.Tensor] = {}
         for start in range(0, len(order), batch_size):
@@ -86,8 +96,12 @@ class FeatureDataset:
             if json.loads(meta.get("layer_ids", "null")) != layer_ids or meta.get("fingerprint") != fingerprint:
                 raise SpecError(f"{path}: cached for layer_ids={meta.get('layer_ids')} of another target or layer set "
                                 f"(wanted {layer_ids}); delete the features-*.safetensors files to recompute")
-            parts.append(Sequences(**load_file(str(shard))))
-            features.append(load_file(str(path))["features"])
+            parts.append(read_shard(shard))
+            try:
+                features.append(load_file(str(path))["features"])
+            except (SafetensorError, OSError, KeyError) as error:
+                raise SpecError(f"{path}: not a readable feature file ({error}); delete it and rerun to recompute "
+                                "it") from None
         if not parts:
             raise SpecError(f"{data_dir}: no cached features; run the feature step (portable-spec train does)")
         return FeatureDataset(Sequences.concat(parts), torch.cat(features))

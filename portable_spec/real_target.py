@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .checkpoint import check_output_dir, write_dir_atomically
+from .outputs import check_output_dir, write_dir_atomically
 from .spec import SpecError
 
 MANIFEST = "portable_spec_target.json"
@@ -80,11 +80,14 @@ def _manifest_ok(out_dir: Path, source_sha: str) -> bool:
     file = out_dir / MANIFEST
     if not file.exists():
         return False
-    manifest = json.loads(file.read_text())
+    try:
+        manifest = json.loads(file.read_text())
+        files = dict(manifest["files"])
+    except (ValueError, KeyError, TypeError):  # damaged: the cache is rebuilt (it is ours, kind "target")
+        return False
     if manifest.get("source_sha256") != source_sha:
         return False
-    return all((out_dir / name).exists() and sha256_file(out_dir / name) == digest
-               for name, digest in manifest["files"].items())
+    return all((out_dir / name).exists() and sha256_file(out_dir / name) == digest for name, digest in files.items())
 
 
 def convert_gguf(gguf: Path, model_id: str, out_dir: Path) -> Path:

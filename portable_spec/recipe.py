@@ -16,6 +16,7 @@ import torch
 
 from .distill_data import Generator, generate_replies, load_sequences
 from .feature_cache import FeatureDataset, cache_features
+from .outputs import data_lock, locked, training_lock
 from .prompts import chat_prompt_split, read_prompts, write_prompts
 from .spec import DrafterConfig, SpecError
 from .target import TargetModel
@@ -23,11 +24,17 @@ from .train import TrainConfig, drafter_config_for, train_loop
 
 
 def dflash_target_layer_ids(num_target_layers: int, num_feature_layers: int) -> list[int]:
-    """DFlash's choice (z-lab/dflash build_target_layer_ids): spread evenly over [1, L - 3]; the middle for one."""
+    """DFlash's choice (z-lab/dflash build_target_layer_ids): spread evenly over [1, L - 3]; the middle for one.
+    A target too shallow for that many distinct layers there spreads over every usable layer, [0, L - 2]."""
     if num_feature_layers == 1:
         return [num_target_layers // 2]
-    start, end = 1, num_target_layers - 3
-    return [int(round(start + i * (end - start) / (num_feature_layers - 1))) for i in range(num_feature_layers)]
+    for start, end in ((1, num_target_layers - 3), (0, num_target_layers - 2)):
+        ids = [int(round(start + i * (end - start) / (num_feature_layers - 1))) for i in range(num_feature_layers)]
+        if end > start and len(set(ids)) == len(ids):
+            return ids
+    raise SpecError(f"a {num_target_layers}-layer target has fewer than {num_feature_layers} usable feature layers "
+                    f"(0..{num_target_layers - 2}); use --num-layers {max(num_target_layers - 1, 1)} or fewer, or pass "
+                    "--target-layer-ids")
 
 
 def mask_token_for(tokenizer, embedding_rows: int) -> int:
@@ -98,10 +105,11 @@ def prepare_prompts(tokenizer, data_path: Path | None, work_dir: Path, recipe: R
     if not train_file.exists():
         if data_path is None:
             raise SpecError(f"{work_dir}: holds no {TRAIN_PROMPTS}; pass --data with a ShareGPT-style JSON file")
-        train, heldout = chat_prompt_split(tokenizer, data_path, recipe.max_prompt_tokens, recipe.num_prompts,
-                                           recipe.heldout_prompts)
-        write_prompts(heldout_file, heldout)
-        write_prompts(train_file, train)
+        with locked(data_lock(work_dir), f"--work-dir {work_dir}"):
+            train, heldout = chat_prompt_split(tokenizer, data_path, recipe.max_prompt_tokens, recipe.num_prompts,
+                                               recipe.heldout_prompts)
+            write_prompts(heldout_file, heldout)
+            write_prompts(train_file, train)
     return [p["ids"] for p in read_prompts(train_file)][: recipe.num_prompts]
 
 
@@ -110,10 +118,13 @@ def build_config(target: TargetModel, tokenizer, recipe: RecipeConfig, model_id:
         target.config.num_hidden_layers, recipe.num_hidden_layers)
     rows = target.model.get_input_embeddings().weight.shape[0]
     mask = recipe.mask_token_id if recipe.mask_token_id is not None else mask_token_for(tokenizer, rows)
+    draft_vocab = recipe.draft_vocab_size
+    if draft_vocab is not None and draft_vocab >= rows:  # the default (8192) on a small vocabulary: score it all
+        draft_vocab = None
     return drafter_config_for(
         target, kind=recipe.kind, block_size=recipe.block_size, num_hidden_layers=recipe.num_hidden_layers,
         target_layer_ids=layer_ids, mask_token_id=mask, intermediate_size=recipe.intermediate_size,
-        draft_vocab_size=recipe.draft_vocab_size, model_id=model_id,
+        draft_vocab_size=draft_vocab, model_id=model_id,
     )
 
 
@@ -122,19 +133,21 @@ STAGES = ("prompts", "replies", "features", "train")
 
 def run_recipe(target: TargetModel, tokenizer, target_dir: Path, data_path: Path | None, work_dir: Path, out_dir: Path,
                recipe: RecipeConfig, train: TrainConfig, model_id: str, progress: bool = True,
-               until: str = "train") -> Path | None:
-    """Every stage in order up to `until`; a rerun with the same work_dir skips what is done and resumes training."""
+               until: str = "train", force: bool = False) -> Path | None:
+    """Every stage in order up to `until`; a rerun with the same work_dir skips what is done and resumes training.
+    The checkpoint belongs to work_dir: a rerun replaces it, anything else at out_dir needs `force`."""
     work_dir.mkdir(parents=True, exist_ok=True)
     prompts = prepare_prompts(tokenizer, data_path, work_dir, recipe)
     if until == "prompts":
         return None
+    lock = lambda: locked(data_lock(work_dir), f"--work-dir {work_dir}")  # noqa: E731 - taken only for work to do
     data_dir = generate_replies(target_dir, prompts, work_dir / "data", max_new_tokens=recipe.max_new_tokens,
                                 shard_size=recipe.reply_batch_size, generator=recipe.generator,
-                                device=str(target.device), dtype=target.model.dtype)
+                                device=str(target.device), dtype=target.model.dtype, lock=lock)
     if until == "replies":
         return None
     config = build_config(target, tokenizer, recipe, model_id)
-    cache_features(target, data_dir, config.target_layer_ids, batch_size=recipe.feature_batch_size)
+    cache_features(target, data_dir, config.target_layer_ids, batch_size=recipe.feature_batch_size, lock=lock)
     if until == "features":
         return None
     dataset = FeatureDataset.load(data_dir, config.target_layer_ids, target.fingerprint).to(target.device)
@@ -156,6 +169,7 @@ def run_recipe(target: TargetModel, tokenizer, target_dir: Path, data_path: Path
         with open(log_file, "a") as handle:
             handle.write(json.dumps({"step": step, "loss": round(loss, 5)}) + "\n")
 
-    train_loop(target, config, draw, train, out_dir, work_dir / f"state-{out_dir.name}", progress,
-               draft_vocab=vocab, log=log)
+    with locked(training_lock(work_dir, out_dir.name), f"--work-dir {work_dir} (training {out_dir.name})"):
+        train_loop(target, config, draw, train, out_dir, work_dir / f"state-{out_dir.name}", progress,
+                   draft_vocab=vocab, log=log, out_owner=str(work_dir.resolve()), force=force)
     return out_dir

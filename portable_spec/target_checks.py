@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from .spec import SpecError, read_json_object
 
@@ -23,8 +24,33 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+# (field, lowest, highest): sizes a decoder-only LM's config.json can sanely hold; outside them transformers would
+# try to build the model anyway (100000 layers: minutes of allocation, then an out-of-memory kill)
+CONFIG_BOUNDS = (("num_hidden_layers", 1, 1024), ("hidden_size", 1, 1 << 16), ("vocab_size", 1, 1 << 24),
+                 ("num_attention_heads", 1, 1024), ("num_key_value_heads", 1, 1024), ("intermediate_size", 1, 1 << 20),
+                 ("max_position_embeddings", 1, 1 << 24), ("head_dim", 1, 4096))
+
+
+def check_config_values(config: dict, path: Path) -> None:
+    """Sizes, vocabulary, positions and rope base within sane bounds, before any weights are allocated."""
+    for name, low, high in CONFIG_BOUNDS:
+        value = config.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise SpecError(f"target={path}: config.json {name}={value!r} is outside [{low}, {high}]; the file is "
+                            "damaged or not this model's: restore the model's config.json")
+    thetas = [config.get("rope_theta"), (config.get("rope_parameters") or {}).get("rope_theta")]
+    for theta in [t for t in thetas if t is not None]:
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < float("inf"):
+            raise SpecError(f"target={path}: config.json rope_theta={theta!r} must be a finite positive number; "
+                            "restore the model's config.json")
+
+
 def check_target_dir(path: Path) -> dict:
     """The target directory's config.json as a dict, or a SpecError saying what the directory is instead."""
+    if path.is_symlink() and not path.exists():
+        raise SpecError(f"target={path}: a broken symlink or a symlink loop; pass the model directory itself")
     if not path.exists():
         raise SpecError(f"target={path}: not found; {FIX}")
     if not path.is_dir():
@@ -40,6 +66,7 @@ def check_target_dir(path: Path) -> dict:
     if config.get("is_encoder_decoder") or not any(a.endswith(CAUSAL_SUFFIXES) for a in architectures):
         raise SpecError(f"target={path}: architectures={architectures} is not a decoder-only causal LM (a class "
                         f"ending in {' or '.join(CAUSAL_SUFFIXES)}); speculative decoding needs one; {FIX}")
+    check_config_values(config, path)
     return config
 
 
@@ -52,7 +79,7 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype):
     try:
         model, info = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa",
                                                            output_loading_info=True)
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as error:
         raise SpecError(f"target={path}: transformers could not load it ({_first_line(error)}); {FIX}") from None
     problems = {kind: sorted(info.get(kind) or []) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     problems = {kind: keys for kind, keys in problems.items() if keys}

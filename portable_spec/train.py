@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from .checkpoint import write_dir_atomically
+from .outputs import write_dir_atomically
 from .data import sample_windows
 from .drafter import Drafter, load_drafter
 from .spec import DrafterConfig, SpecError, parse_config, read_config
@@ -238,11 +238,12 @@ def initial_drafter(target: TargetModel, drafter_config: DrafterConfig, seed: in
 def train_loop(
     target: TargetModel, drafter_config: DrafterConfig, draw, config: TrainConfig, out_dir: Path,
     state_dir: Path | None = None, progress: bool = True, draft_vocab: torch.Tensor | None = None,
-    log: Callable[[int, float], None] | None = None,
+    log: Callable[[int, float], None] | None = None, out_owner: str | None = None, force: bool = False,
 ) -> Drafter:
     """Optimise a drafter on batches `draw(generator) -> (tokens, features, anchors)` (on the target's device); the
     generator is seeded by (seed, step), so resuming from state_dir (saved every save_every steps) repeats the
-    uninterrupted run."""
+    uninterrupted run. The checkpoint records `out_owner` (the work directory) and replaces only a checkpoint of the
+    same owner unless `force` (outputs.check_output_dir)."""
     target.check_drafter(drafter_config)
     check_shapes(drafter_config.block_size, config)
     for param in target.model.parameters():
@@ -287,5 +288,5 @@ def train_loop(
     if state_dir is not None and done > start and done % config.save_every:  # where a longer run resumes
         _save_state(Path(state_dir), drafter, optimizer, done, config, time.perf_counter() - clock)
     drafter.eval()
-    drafter.save(out_dir)
+    drafter.save(out_dir, force=force, owner=out_owner)
     return drafter

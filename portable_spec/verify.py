@@ -43,7 +43,7 @@ def verify(
             f"target_logits has shape {tuple(target_logits.shape)}, expected [batch={batch}, n+1={n + 1}, vocab]: "
             "score the anchor and every draft token"
         )
-    device, vocab = target_logits.device, target_logits.shape[-1]
+    device = target_logits.device
     draft_tokens = draft_tokens.to(torch.int64)
     if num_drafts is None:
         num_drafts = torch.full((batch,), n, dtype=torch.int64, device=device)

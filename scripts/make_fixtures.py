@@ -20,7 +20,7 @@ from tqdm import tqdm
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from portable_spec import data
-from portable_spec.checkpoint import write_dir_atomically
+from portable_spec.outputs import write_dir_atomically
 from portable_spec.target import TargetModel
 from portable_spec.train import TrainConfig, drafter_config_for, train_drafter
 

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from safetensors.torch import load, save_file
 from portable_spec import fixtures
 from portable_spec.cli import main
 from portable_spec.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.outputs import LOCK_FILE, WORK_DIR_KIND, write_marker
 from portable_spec.spec import SpecError
 from portable_spec.target import TargetModel
 from portable_spec.train import TrainConfig, train_drafter
@@ -43,6 +45,18 @@ class Case:
 
 def gen(*extra: str) -> tuple[str, ...]:
     return ("generate", "hello", "--target", "{target}", *extra)
+
+
+def _api_prompt_tensor(paths, target):
+    SpeculativeDecoder(target).generate(torch.tensor([[1, 2]]), GenerationConfig(max_new_tokens=2))
+
+
+def _api_stop_outside_vocab(paths, target):
+    SpeculativeDecoder(target).generate([[1, 2]], GenerationConfig(max_new_tokens=2, stop_token_ids=(10**9,)))
+
+
+def _api_past_positions(paths, target):
+    SpeculativeDecoder(target).generate([[1] * 2040], GenerationConfig(max_new_tokens=64))
 
 
 def _api_prompt_float(paths, target):
@@ -122,6 +136,13 @@ CASES = [
     Case("generate --target DIR_WITHOUT_WEIGHTS", gen()[:3] + ("{no_weights_target}",),
          expect=r"target=.*: transformers could not load it"),
     Case("generate --target DRAFTER_DIR", gen()[:3] + ("{dc}",), expect=r"is a portable-spec drafter checkpoint"),
+    Case("generate --target TARGET_WITH_100000_LAYERS", gen()[:3] + ("{huge_target}",),
+         expect=r"num_hidden_layers=100000 is outside \[1, 1024\]"),
+    Case("generate --target TARGET_WITH_VOCAB_SIZE_-5", gen()[:3] + ("{negative_vocab_target}",),
+         expect=r"vocab_size=-5 is outside"),
+    Case("generate --target TARGET_WITH_ROPE_THETA_INFINITY", gen()[:3] + ("{infinite_rope_target}",),
+         expect=r"rope_theta=inf must be a finite positive number"),
+    Case("generate --target SYMLINK_LOOP", gen()[:3] + ("{loop}",), expect=r"a broken symlink or a symlink loop"),
     Case("generate --target BERT_DIR (encoder-only)", gen()[:3] + ("{bert}",),
          expect=r"architectures=\['BertForMaskedLM'\] is not a decoder-only causal LM"),
     Case("generate --target TARGET_WITH_A_MISSING_WEIGHT", gen()[:3] + ("{partial_target}",),
@@ -184,7 +205,7 @@ CASES = [
                                                                   "{target}", "--trtllm-version", "1.3.0"),
          expect=r"needs TensorRT-LLM >= 1\.4 .*found 1\.3\.0"),
     Case("bench decode --out A_FILE", ("bench", "decode", "--target", "fixture", "--out", "{file}"),
-         expect=r"--out .*: is a file"),
+         expect=r"output .* is a file; pass a directory path"),
     # -- demo and train options (refused before any model loads) ---------------------------------------------
     Case("demo --prompts 0", ("demo", "--prompts", "0"), expect=r"--prompts=0: must be at least 1"),
     Case("demo --batch-size 0", ("demo", "--batch-size", "0"), expect=r"--batch-size=0"),
@@ -194,6 +215,33 @@ CASES = [
          expect=r"seq_len=16 leaves 0 anchor positions for block_size=16"),
     Case("train --lr 0", TRAIN + ("--lr", "0"), expect=r"lr=0\.0"),
     Case("train --data MISSING_FILE", TRAIN[:-1] + ("{missing}",), expect=r"--data .*missing: not a file"),
+    Case("train --num-prompts 0", TRAIN + ("--num-prompts", "0"), expect=r"--num-prompts=0: must be at least 1"),
+    Case("generate NON_UTF8_PROMPT", ("generate", "caf\udce9", "--target", "{target}"),
+         expect=r"prompt: not valid UTF-8 text"),
+    Case("conformance --threads 0", ("conformance", "--threads", "0"), expect=r"--threads=0: must be at least 1"),
+    Case("conformance --output A_FOLDER", ("conformance", "--output", "{user}"),
+         expect=r"--output .*user: is a directory; pass a file path"),
+    Case("conformance --output USERS_FILE", ("conformance", "--output", "{file}"),
+         expect=r"--output .*file\.txt: exists and is not a conformance report portable-spec wrote"),
+    Case("bench kernels --kernel-repeats 0", ("bench", "kernels", "--kernel-repeats", "0"),
+         expect=r"--kernel-repeats=0: must be at least 1"),
+    # -- nothing of the user's is deleted or overwritten (checked before any model loads) ------------------------
+    Case("export onnx PARENT/dc PARENT --force (output contains the input)",
+         ("export", "onnx", "{parent}/dc", "{parent}", "--target", "{target}", "--force"),
+         expect=r"output .*parent contains the input .*parent/dc"),
+    Case("export onnx D A_FILE/sub (output under a file)", EXPORT_ONNX + ("{file}/sub", "--target", "{target}"),
+         expect=r"output .*sub lies under .*file\.txt, which is a file"),
+    Case("train --work-dir USER_FOLDER", TRAIN[:8] + ("{user}",) + TRAIN[9:],
+         expect=r"--work-dir .*user: not empty and not a portable-spec work directory"),
+    Case("train --out USERS_DRAFTER (saved by portable-spec elsewhere)", TRAIN[:6] + ("{my_drafter}",) + TRAIN[7:],
+         expect=r"output .*my_drafter is not empty and holds a drafter written from elsewhere"),
+    Case("train --out FIXTURE_DRAFTER (files portable-spec did not write)", TRAIN[:6] + ("{dc}",) + TRAIN[7:],
+         expect=r"output .*dc is not empty and holds files portable-spec did not write"),
+    Case("train --out D --work-dir D/work", TRAIN[:8] + ("{out}/work",) + TRAIN[9:],
+         expect=r"--out .*out contains --work-dir .*out/work"),
+    Case("train --out D --work-dir D", TRAIN[:8] + ("{out}",) + TRAIN[9:], expect=r"--out .*out is --work-dir"),
+    Case("train on a --work-dir another run holds", TRAIN[:8] + ("{locked_work}",) + TRAIN[9:],
+         expect=r"--work-dir .*locked_work is in use by another portable-spec run \(pid \d+"),
     Case("train --device cuda (no CUDA here)", TRAIN + ("--device", "cuda"), expect=r"--device cuda: this torch build "
          r"sees no CUDA device"),
     Case("train --device banana", TRAIN + ("--device", "banana"), expect=r"--device 'banana': not a torch device"),
@@ -201,6 +249,12 @@ CASES = [
     Case("train --time-budget 0", TRAIN + ("--time-budget", "0"), expect=r"time_budget=0\.0"),
     # -- API ------------------------------------------------------------------------------------------------------
     Case("SpeculativeDecoder.generate([[1, 3.7]], ...)", api=_api_prompt_float, expect=r"prompts\[0\] holds 3\.7"),
+    Case("SpeculativeDecoder.generate(torch.tensor([[1, 2]]), ...)", api=_api_prompt_tensor,
+         expect=r"prompts is a Tensor; pass a list of token-id lists"),
+    Case("GenerationConfig(stop_token_ids=(10**9,))", api=_api_stop_outside_vocab,
+         expect=r"stop_token_ids=\[1000000000\]: \[1000000000\] are outside the target's vocabulary"),
+    Case("SpeculativeDecoder.generate(prompt of 2040 tokens, max_new_tokens=64)", api=_api_past_positions,
+         expect=r"longest prompt \(2040 tokens\) \+ max_new_tokens=64 .* max_position_embeddings=2048"),
     Case("SpeculativeDecoder.generate(..., request_ids=[2**40])", api=_api_request_id,
          expect=r"request_ids\[0\]=1099511627776"),
     Case("SpeculativeDecoder.generate([], ...)", api=_api_no_prompts, expect=r"prompts is empty"),
@@ -264,6 +318,29 @@ def built(tmp_path_factory) -> dict[str, Path]:
     }.items():
         damage(_copy_drafter(dc, root / name))
         paths[name] = root / name
+    parent = root / "parent"
+    _copy_drafter(dc, parent / "dc")
+    (parent / "notes.txt").write_text("the user's notes beside their drafter\n")
+    paths["parent"] = parent
+    mine = _copy_drafter(dc, root / "my_drafter")
+    write_marker(mine, "drafter")  # saved by portable-spec through the API: no work dir owns it
+    paths["my_drafter"] = mine
+    locked_work = root / "locked_work"
+    locked_work.mkdir()
+    write_marker(locked_work, WORK_DIR_KIND)
+    (locked_work / LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                                     "started": "now", "command": "portable-spec train (another)"}))
+    paths["locked_work"] = locked_work
+    for name, change in {"huge_target": {"num_hidden_layers": 100000}, "negative_vocab_target": {"vocab_size": -5},
+                         "infinite_rope_target": {"rope_parameters": {"rope_theta": float("inf"),
+                                                                      "rope_type": "default"}}}.items():
+        broken = root / name
+        shutil.copytree(target, broken)
+        config = json.loads((broken / "config.json").read_text())
+        (broken / "config.json").write_text(json.dumps({**config, **change}))
+        paths[name] = broken
+    (root / "loop").symlink_to(root / "loop")
+    paths["loop"] = root / "loop"
     foreign = _copy_drafter(dc, root / "foreign_drafter")
     config = json.loads((foreign / "config.json").read_text())
     config["target"]["fingerprint"] = "sha256:" + "0" * 64  # well-formed, another target's
@@ -283,7 +360,7 @@ def _rewrite(drafter: Path, change) -> None:
 
 def _tree_hashes(paths: dict[str, Path]) -> dict[str, str]:
     hashes = {}
-    for root in {p for p in paths.values() if p.exists()}:
+    for root in {p for p in paths.values() if not p.is_symlink() and p.exists()}:
         for file in sorted([root] if root.is_file() else root.rglob("*")):
             if file.is_file():
                 hashes[str(file)] = hashlib.sha256(file.read_bytes()).hexdigest()
@@ -297,7 +374,8 @@ def fixture_target() -> TargetModel:
 
 def _normalise(message: str, paths: dict[str, Path]) -> str:
     for name, path in sorted(paths.items(), key=lambda item: -len(str(item[1]))):
-        message = message.replace(str(path.resolve()), name.upper()).replace(str(path), name.upper())
+        message = message.replace(os.path.realpath(path), name.upper()).replace(str(path), name.upper())
+    message = re.sub(r"pid \d+ on [^,]+,", "pid PID on HOST,", message)  # the lock holder: this test process
     return re.sub(r"\s+", " ", message)
 
 
@@ -328,6 +406,15 @@ def test_bad_input(case: Case, built, fixture_target, tmp_path, capsys):
     assert _tree_hashes(built) == before, "a bad input changed files it did not create"
     assert not (tmp_path / "out").exists() or case.api is not None
     OBSERVED[case.name] = (status, _normalise(message, paths))
+
+
+def test_generation_config_takes_integers_not_booleans():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="max_new_tokens"):
+        GenerationConfig(max_new_tokens=True)
+    with pytest.raises(ValidationError, match="stop_token_ids"):
+        GenerationConfig(stop_token_ids=(-1,))
 
 
 def test_table_has_forty_distinct_cases():

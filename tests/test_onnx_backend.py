@@ -15,7 +15,7 @@ onnx = pytest.importorskip("onnx")
 
 from portable_spec.adapters.onnx import OnnxBackend, OnnxDrafterGraph, OnnxProposer  # noqa: E402
 from portable_spec.adapters.onnx_export import GRAPH_FILE, META_PREFIX, export_bound_drafter, export_onnx  # noqa: E402
-from portable_spec.checkpoint import OUTPUT_MARKER  # noqa: E402
+from portable_spec.outputs import OUTPUT_MARKER  # noqa: E402
 from portable_spec.backends import BACKENDS, ReferenceBackend, get_backend  # noqa: E402
 from portable_spec.cli import main  # noqa: E402
 from portable_spec.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402

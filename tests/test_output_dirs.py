@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from portable_spec.checkpoint import OUTPUT_MARKER, write_dir_atomically
+from portable_spec.outputs import read_marker, write_dir_atomically
 from portable_spec.cli import main
 from portable_spec.spec import SpecError
 from portable_spec.testing import save_tiny_pair
@@ -26,7 +26,7 @@ def _write(text):
 
 def test_only_a_previous_output_of_the_same_kind_is_replaced(tmp_path):
     out = write_dir_atomically(tmp_path / "o", _write("one"), kind="onnx-export")
-    assert (out / OUTPUT_MARKER).read_text().strip() == "onnx-export"
+    assert read_marker(out)["kind"] == "onnx-export"
     write_dir_atomically(out, _write("two"), kind="onnx-export")
     assert (out / "out.txt").read_text() == "two"
     with pytest.raises(SpecError, match="not a previous trtllm-export output"):
@@ -68,3 +68,91 @@ def test_export_onto_an_input_or_a_users_folder_changes_nothing(tmp_path, capsys
     else:
         assert status == 2 and "is the input" in capsys.readouterr().err
         assert {p: _digest(p) for p in (target_dir, drafter_dir)} == {p: before[p] for p in (target_dir, drafter_dir)}
+
+
+# -- ownership, locks, permissions, interrupts (issue: no data lost, round 2) --------------------------------------
+def test_a_drafter_is_replaced_only_by_the_work_dir_that_wrote_it(tmp_path):
+    out, mine, other = tmp_path / "dc", str(tmp_path / "work-a"), str(tmp_path / "work-b")
+    write_dir_atomically(out, _write("a1"), kind="drafter", owner=mine)
+    write_dir_atomically(out, _write("a2"), kind="drafter", owner=mine)  # a rerun of the same training
+    assert (out / "out.txt").read_text() == "a2" and read_marker(out) == {"kind": "drafter", "owner": mine}
+    with pytest.raises(SpecError, match="holds a drafter written from .*work-a"):
+        write_dir_atomically(out, _write("b"), kind="drafter", owner=other)
+    assert (out / "out.txt").read_text() == "a2"
+    write_dir_atomically(out, _write("b"), kind="drafter", owner=other, force=True)
+    assert read_marker(out)["owner"] == other
+
+
+def test_outputs_are_written_with_the_users_umask_modes(tmp_path):
+    import os
+    import stat
+
+    out = write_dir_atomically(tmp_path / "o", _write("x"), kind="drafter")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+    for name in ("out.txt", ".portable-spec-output"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o666 & ~umask, name
+
+
+def test_a_second_holder_of_a_lock_stops_at_once_and_a_stale_lock_is_taken_over(tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    from portable_spec.outputs import check_unlocked, data_lock, locked
+
+    lock = data_lock(tmp_path)
+    with locked(lock, "--work-dir W"):
+        assert json.loads(lock.read_text())["pid"] > 0
+        with pytest.raises(SpecError, match=r"--work-dir W is in use by another portable-spec run \(pid \d+ on "):
+            check_unlocked(lock, "--work-dir W")
+        with pytest.raises(SpecError, match="in use by another portable-spec run"):
+            with locked(lock, "--work-dir W"):
+                pass
+    assert not lock.exists()  # released
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
+    check_unlocked(lock, "--work-dir W")  # its process is gone: stale
+    with locked(lock, "--work-dir W"):  # and taken over
+        assert json.loads(lock.read_text())["pid"] != int(dead.stdout)
+
+
+def test_two_runs_on_one_work_dir_train_different_outputs_but_never_the_same(tmp_path):
+    """Kinds may train at once on shared data (each its own state and loss log); the same output may not."""
+    from portable_spec.outputs import locked, training_lock
+
+    with locked(training_lock(tmp_path, "depth_causal"), "training depth_causal"):
+        with locked(training_lock(tmp_path, "parallel"), "training parallel"):
+            pass
+        with pytest.raises(SpecError, match="training depth_causal is in use"):
+            with locked(training_lock(tmp_path, "depth_causal"), "training depth_causal"):
+                pass
+
+
+def test_a_users_folder_is_used_as_work_dir_only_with_force(tmp_path):
+    from portable_spec.outputs import WORK_DIR_KIND, claim_work_dir
+
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(SpecError, match="not a portable-spec work directory"):
+        claim_work_dir(tmp_path)
+    claim_work_dir(tmp_path, force=True)
+    assert read_marker(tmp_path)["kind"] == WORK_DIR_KIND and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_ctrl_c_ends_a_command_with_one_line_and_leaves_nothing_half_written(tmp_path, monkeypatch, capsys):
+    """An interrupt inside a write: exit 130, one `error:` line, no output directory and no temp files left."""
+    target, drafter = save_tiny_pair(tmp_path / "in")
+    capsys.readouterr()
+
+    def half_written(tmp: Path) -> None:
+        (tmp / "model.onnx").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("portable_spec.adapters.onnx_export.export_onnx", lambda *a, **k: write_dir_atomically(
+        tmp_path / "out", half_written, kind="onnx-export"))
+    assert main(["export", "onnx", str(drafter), str(tmp_path / "out"), "--target", str(target)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: interrupted; outputs are written whole or not at all, so nothing half-written was left"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]

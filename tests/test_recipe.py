@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from portable_spec.distill_data import generate_replies, load_sequences
 from portable_spec.feature_cache import FeatureDataset, cache_features
@@ -112,3 +112,27 @@ def test_draft_vocabulary_is_the_most_frequent_reply_tokens(distilled):
     top = counts.argsort(descending=True)[:3].tolist()
     assert set(top) <= set(vocab.tolist()) or counts[top[-1]] == counts[vocab].min()
     assert load_file(str(data / "shard-00000.safetensors"))["tokens"].dtype == torch.int32
+
+
+def test_default_layer_ids_are_distinct_on_shallow_targets():
+    from portable_spec.recipe import dflash_target_layer_ids
+
+    assert dflash_target_layer_ids(30, 3) == [1, 14, 27] and dflash_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert dflash_target_layer_ids(4, 2) == [0, 2]  # DFlash's [1, L-3] would give [1, 1]
+    with pytest.raises(SpecError, match="use --num-layers 1 or fewer, or pass --target-layer-ids"):
+        dflash_target_layer_ids(2, 2)
+
+
+def test_damaged_work_dir_files_are_named(tmp_path):
+    from portable_spec.distill_data import Sequences, generate_replies, read_shard
+
+    shard = tmp_path / "shard-00000.safetensors"
+    save_file({"tokens": torch.arange(4, dtype=torch.int32), "offsets": torch.tensor([0, 4]),
+               "prompt_lens": torch.tensor([2])}, str(shard))
+    assert isinstance(read_shard(shard), Sequences)
+    shard.write_bytes(shard.read_bytes()[:40])
+    with pytest.raises(SpecError, match=r"shard-00000\.safetensors: not a readable reply shard"):
+        read_shard(shard)
+    (tmp_path / "distill.json").write_text("{half")
+    with pytest.raises(SpecError, match=r"distill\.json: not valid JSON"):
+        generate_replies(tmp_path, [[1, 2]], tmp_path, generator="hf")

@@ -16,7 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from safetensors.torch import load_file
 
-from portable_spec.checkpoint import OUTPUT_MARKER
+from portable_spec.outputs import OUTPUT_MARKER
 
 pytest.importorskip("onnxruntime")
 

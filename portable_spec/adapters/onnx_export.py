@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from portable_spec.checkpoint import check_output_dir, write_dir_atomically
+from portable_spec.outputs import check_output_dir, write_dir_atomically
 from portable_spec.drafter import Drafter
 from portable_spec.spec import DrafterConfig, SpecError, parse_config, read_config
 from portable_spec.target import TargetModel

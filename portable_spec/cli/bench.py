@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..spec import SpecError
+
 BENCHES = ("decode", "vllm", "kernels")
 DEFAULT_BATCH_SIZES = {"decode": [1, 4], "vllm": [1, 8]}
 
@@ -28,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.kernel_repeats < 1:
+        raise SpecError(f"--kernel-repeats={args.kernel_repeats}: must be at least 1")
     if args.what == "kernels":
         from portable_spec.kernels.bench import run_kernel_bench
 

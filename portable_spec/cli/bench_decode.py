@@ -13,13 +13,14 @@ from pathlib import Path
 import torch
 
 from ..bench_setup import TARGET_CHOICES, device_name, load_setup, param_count
-from ..checkpoint import write_file_atomically
+from ..outputs import claim_output_dir, mark_output_dir, write_file_atomically
 from ..drafter import Drafter
 from ..evaluate import PLAIN, ComparisonRow, DecodeJob, compare, format_table, grid
 from ..spec import SpecError
 from .devices import check_device
 
 BLOCK_SIZES = (4, 8, 16)
+BENCH_FILES = ("benchmarks.md", "benchmarks.json", "benchmarks.png")
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,6 +35,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
                              "this confident in; 0 skips those rows.")
     parser.add_argument("--out", type=Path, default=None,
                         help="Directory for benchmarks.md/.json/.png (only those files are written or replaced).")
+    parser.add_argument("--force", action="store_true",
+                        help="Replace result files (benchmarks.*, vllm.*) in --out that portable-spec did not write.")
     parser.add_argument("--device", default="cpu", help="Where the target and drafters run (cpu, cuda, cuda:N).")
     parser.add_argument("--drafter", action="append", default=None, metavar="NAME=DIR",
                         help="Benchmark this drafter checkpoint as row NAME (repeat); replaces the shipped drafters.")
@@ -95,8 +98,8 @@ def _check_args(args: argparse.Namespace) -> None:
     for batch in args.batch_sizes:
         if batch < 1:
             raise SpecError(f"--batch-sizes {batch}: must be at least 1")
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        raise SpecError(f"--out {args.out}: is a file; pass a directory")
+    if args.out is not None:
+        claim_output_dir(args.out, "bench", BENCH_FILES, force=args.force)
     check_device(args.device)
     for spec in args.drafter or []:
         name, _, path = spec.partition("=")
@@ -132,7 +135,7 @@ def run_decode_bench(args: argparse.Namespace) -> int:
     print(header)
     print(table)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
+        mark_output_dir(args.out, "bench")
         clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows]
         write_file_atomically(args.out / "benchmarks.json", lambda p: p.write_text(json.dumps(clean, indent=1)))
         write_file_atomically(args.out / "benchmarks.md", lambda p: p.write_text(

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from portable_spec import real_assets
-from portable_spec.checkpoint import write_file_atomically
+from portable_spec.outputs import claim_output_dir, mark_output_dir, write_file_atomically
 from portable_spec.spec import SpecError, read_config
 
 METHODS = ("none", "ngram", "dflash_parallel", "depth_causal")
@@ -134,7 +134,12 @@ def reference_runs(args, target_dir: Path, prompts: list[list[int]], stop: tuple
     return results
 
 
+VLLM_FILES = ("vllm.md", "vllm.json", "vllm.png")
+
+
 def _check_args(args: argparse.Namespace) -> None:
+    if args.out is not None:
+        claim_output_dir(args.out, "bench", VLLM_FILES, force=args.force)
     if args.target != "smollm2":
         raise SpecError(f"--target {args.target}: bench vllm runs the SmolLM2 drafters; use --target smollm2")
     for name in ("prompts", "max_new_tokens", "depth_causal_k", "ngram_k"):
@@ -233,7 +238,7 @@ def run_vllm_bench(args: argparse.Namespace) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
+        mark_output_dir(args.out, "bench")
         data = {"setup": setup, "runs": [asdict(r) for r in runs],
                 "reference": {m: {k: v for k, v in r.items() if k != "tokens"} for m, r in reference.items()}}
         write_file_atomically(args.out / "vllm.json", lambda p: p.write_text(json.dumps(data, indent=1)))

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 
 from ..backends import backend_names
+from ..outputs import write_file_atomically
 from ..spec import SpecError
 
 
@@ -43,6 +42,24 @@ def stale_cells(outcomes, report_path: Path, backends: set[str]) -> list[str]:
     return differ
 
 
+REPORT_HEADING = "# Conformance report"
+
+
+def check_report_path(path: Path, force: bool) -> None:
+    """--output is a file path whose folder can be made, and an existing file there is a report this command wrote
+    (its heading says so), unless --force: checked before the suite runs."""
+    for parent in [path, *path.parents]:
+        if parent.is_dir() and parent == path:
+            raise SpecError(f"--output {path}: is a directory; pass a file path such as {path / 'conformance.md'}")
+        if parent.exists() and not parent.is_dir():
+            if parent != path:
+                raise SpecError(f"--output {path}: {parent} is a file, so no folder can be made there")
+            first = path.read_text(errors="replace").split("\n", 1)[0]
+            if first != REPORT_HEADING and not force:
+                raise SpecError(f"--output {path}: exists and is not a conformance report portable-spec wrote; pass "
+                                "another path, or --force to replace it")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", nargs="+", metavar="NAME", help="Backends to check (default: every registered).")
     parser.add_argument("--checks", nargs="+", metavar="PATTERN", default=["*"],
@@ -50,6 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", type=Path, default=Path("docs/conformance.md"),
                         help="Markdown report to write (atomically); '-' writes nothing.")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the models are tiny).")
+    parser.add_argument("--force", action="store_true", help="Replace an --output file this command did not write.")
     parser.add_argument("--check-report", type=Path, metavar="PATH",
                         help="Also compare every backend column that ran here with the committed report at PATH "
                              "(status and reason per check); exit 1 if any differs, i.e. the report is stale.")
@@ -67,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
     unknown = [name for name in names if name not in registered]
     if unknown:
         raise SpecError(f"--backends {unknown} not registered; valid options: {', '.join(registered)}")
+    if args.threads < 1:
+        raise SpecError(f"--threads={args.threads}: must be at least 1")
+    if str(args.output) != "-":
+        check_report_path(args.output, args.force)
     checks = all_checks()
     selected = [c for c in checks if any(fnmatch.fnmatchcase(c.id, pattern) for pattern in args.checks)]
     if not selected:
@@ -84,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     report = format_report(outcomes, selected, scope=", ".join(partial), versions=versions)
     print(report, end="")
     if str(args.output) != "-":
-        _write_atomically(args.output, report)
+        write_file_atomically(args.output, lambda tmp: tmp.write_text(report))
         print(f"\nwrote {args.output}")
     failing = [o for o in outcomes if o.status in FAILING]
     skipped = [o for o in outcomes if o.status == SKIP]
@@ -99,15 +121,3 @@ def run(args: argparse.Namespace) -> int:
                                           "regenerate it with `portable-spec conformance`" if stale else
                                           f"current for backends {sorted(ran)}"))
     return 1 if failing or stale else 0
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

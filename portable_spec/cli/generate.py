@@ -32,6 +32,11 @@ def run(args: argparse.Namespace) -> int:
         draft_confidence=args.draft_confidence,
         sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
     )
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SpecError("prompt: not valid UTF-8 text (the shell passed undecodable bytes); pass the prompt as "
+                        "UTF-8") from None
     if args.drafter:
         read_config(args.drafter).check_num_draft_tokens(args.num_draft_tokens)
     check_target_dir(Path(args.target))

@@ -5,6 +5,7 @@ The CLI is the top layer: it wires the core, adapters and conformance suite toge
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import sys
 
@@ -34,6 +35,13 @@ def describe_validation_error(error: ValidationError) -> str:
     return "; ".join(parts)
 
 
+def _os_fix(error: OSError) -> str:
+    fixes = {errno.ENOSPC: "; free disk space and rerun (outputs are written whole or not at all)",
+             errno.EACCES: "; pass a path you may write to", errno.EROFS: "; pass a writable path",
+             errno.ELOOP: "; a symlink loop: pass the real path"}
+    return fixes.get(error.errno, "")
+
+
 def describe(error: BaseException) -> tuple[str, int]:
     """(one-line message, exit status) for an error a user can meet; 2 = bad input, 1 = anything else."""
     if isinstance(error, SpecError):
@@ -41,7 +49,9 @@ def describe(error: BaseException) -> tuple[str, int]:
     if isinstance(error, ValidationError):
         return describe_validation_error(error), 2
     if isinstance(error, OSError) and error.filename is not None:
-        return f"{error.filename}: {error.strerror or error}", 2
+        return f"{error.filename}: {error.strerror or error}{_os_fix(error)}", 2
+    if isinstance(error, OSError):
+        return f"{error.strerror or error}{_os_fix(error)}", 2
     first = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"unexpected {type(error).__name__}: {first} (rerun with --debug for the traceback)", 1
 
@@ -58,6 +68,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("error: interrupted; outputs are written whole or not at all, so nothing half-written was left",
+              file=sys.stderr)
+        return 130
     except Exception as error:  # noqa: BLE001 - the one place errors become `error:` lines
         if args.debug:
             raise

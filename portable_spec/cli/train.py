@@ -13,6 +13,9 @@ from pathlib import Path
 import torch
 from pydantic.fields import FieldInfo
 
+from ..outputs import (check_not_an_input, check_output_dir, check_unlocked, claim_work_dir, data_lock,
+                       training_lock)
+from ..real_target import KNOWN_TARGETS
 from ..recipe import STAGES, RecipeConfig, prompts_prepared, run_recipe
 from ..spec import VARIANT_KINDS, SpecError
 from ..target_checks import load_tokenizer
@@ -56,6 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Stop after this stage (e.g. prepare data once, then train several kinds on it).")
     parser.add_argument("--device", default="cpu", help="Where the target and drafter run (cpu, cuda, cuda:1).")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="Target dtype (bfloat16 on a GPU).")
+    parser.add_argument("--force", action="store_true",
+                        help="Use a --work-dir or replace an --out that portable-spec did not write for this work dir "
+                        "(never an input).")
 
 
 def _argument_type(field: FieldInfo) -> dict:
@@ -68,9 +74,7 @@ def _argument_type(field: FieldInfo) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..real_target import KNOWN_TARGETS, resolve_target, target_model_id
     from ..sharegpt import sharegpt_path
-    from ..target import TargetModel
 
     train = TrainConfig(**{name: getattr(args, name) for name in TrainConfig.model_fields})
     recipe = RecipeConfig(
@@ -85,18 +89,46 @@ def run(args: argparse.Namespace) -> int:
     for name in ("reply_batch_size", "feature_batch_size"):
         if getattr(args, name) < 1:
             raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be at least 1")
+    for name in ("num_prompts", "num_layers", "max_new_tokens", "max_prompt_tokens"):
+        if getattr(args, name) < 1:
+            raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be at least 1")
     data = args.data
     if data is None and not prompts_prepared(args.work_dir):  # a prepared work dir needs no data set
         data = sharegpt_path()
     if data is not None and not Path(data).is_file():
         raise SpecError(f"--data {data}: not a file; pass a ShareGPT-style JSON file")
+    check_paths(args, data)
+    claim_work_dir(args.work_dir, args.force)
+    check_unlocked(data_lock(args.work_dir), f"--work-dir {args.work_dir}")  # fail at once, before loading
+    check_unlocked(training_lock(args.work_dir, Path(args.out).name), f"--work-dir {args.work_dir} (training "
+                   f"{Path(args.out).name})")
+    return _train(args, train, recipe, device, data)
+
+
+def check_paths(args: argparse.Namespace, data: Path | None) -> None:
+    """Before any model loads: the checkpoint never replaces the work dir, an input, or what this work dir did
+    not write (--force lifts only the last)."""
+    out, work = Path(args.out).resolve(), Path(args.work_dir).resolve()
+    if out == work or out in work.parents:
+        raise SpecError(f"--out {args.out} {'is' if out == work else 'contains'} --work-dir {args.work_dir}: writing "
+                        "the checkpoint would replace the work dir (replies, features, training state); put the "
+                        f"checkpoint beside or inside the work dir, e.g. --out {args.work_dir}/drafters/{args.kind}")
+    inputs = tuple(p for p in (data, None if args.target in KNOWN_TARGETS else Path(args.target)) if p is not None)
+    check_not_an_input(Path(args.work_dir), inputs)
+    check_output_dir(Path(args.out), "drafter", inputs, force=args.force, owner=str(work))
+
+
+def _train(args: argparse.Namespace, train: TrainConfig, recipe: RecipeConfig, device, data: Path | None) -> int:
+    from ..real_target import resolve_target, target_model_id
+    from ..target import TargetModel
+
     target_dir = resolve_target(args.target)
     target = TargetModel.load(target_dir, dtype=DTYPES[args.dtype])
     target.model.to(device)
     tokenizer = load_tokenizer(target_dir)
     model_id = KNOWN_TARGETS[args.target].model_id if args.target in KNOWN_TARGETS else target_model_id(target_dir)
     out = run_recipe(target, tokenizer, target_dir, data and Path(data), args.work_dir, args.out, recipe, train, model_id,
-                     until=args.until)
+                     until=args.until, force=args.force)
     if out is None:
         print(f"stopped after stage {args.until!r}; {args.work_dir} holds the data")
         return 0

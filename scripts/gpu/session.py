@@ -148,6 +148,7 @@ def build_own_wheel(repo: Path, dest: Path) -> None:
 
 def prepare_prompts(work: Path, data: Path | None, num_prompts: int | None) -> None:
     """The train split's chat prompts, tokenized here (the device has neither ShareGPT nor the GGUF tokenizer)."""
+    from portable_spec.outputs import claim_work_dir
     from portable_spec.real_target import fetch_target
     from portable_spec.recipe import RecipeConfig
     from portable_spec.recipe import prepare_prompts as recipe_prompts
@@ -156,8 +157,7 @@ def prepare_prompts(work: Path, data: Path | None, num_prompts: int | None) -> N
 
     tokenizer = load_tokenizer(fetch_target("smollm2"))
     recipe = RecipeConfig(kind="depth_causal", num_prompts=num_prompts or 10**6)
-    work.mkdir(parents=True, exist_ok=True)
-    recipe_prompts(tokenizer, data or sharegpt_path(), work, recipe)
+    recipe_prompts(tokenizer, data or sharegpt_path(), claim_work_dir(work), recipe)  # train there takes it up
 
 
 def plan_runs(payload: Path, room: int, carry: Path) -> list[Path]:

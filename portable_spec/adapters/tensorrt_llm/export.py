@@ -26,7 +26,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors.torch import save_file
 
-from portable_spec.checkpoint import check_output_dir, write_dir_atomically
+from portable_spec.outputs import check_output_dir, write_dir_atomically
 from portable_spec.drafter import Drafter
 from portable_spec.spec import SpecError, read_config
 from portable_spec.target import TargetModel
