@@ -142,6 +142,8 @@ CASES = [
          expect=r"vocab_size=-5 is outside"),
     Case("generate --target TARGET_WITH_ROPE_THETA_INFINITY", gen()[:3] + ("{infinite_rope_target}",),
          expect=r"rope_theta=inf must be a finite positive number"),
+    Case("generate --target WEIGHTS_HEADER_CLAIMING_4_TIB", gen()[:3] + ("{huge_header_target}",),
+         expect=r"target=.*: transformers could not load it \(Error while deserializing header"),
     Case("generate --target SYMLINK_LOOP", gen()[:3] + ("{loop}",), expect=r"a broken symlink or a symlink loop"),
     Case("generate --target BERT_DIR (encoder-only)", gen()[:3] + ("{bert}",),
          expect=r"architectures=\['BertForMaskedLM'\] is not a decoder-only causal LM"),
@@ -218,6 +220,8 @@ CASES = [
     Case("train --num-prompts 0", TRAIN + ("--num-prompts", "0"), expect=r"--num-prompts=0: must be at least 1"),
     Case("generate NON_UTF8_PROMPT", ("generate", "caf\udce9", "--target", "{target}"),
          expect=r"prompt: not valid UTF-8 text"),
+    Case("bench decode --block-sizes 100", ("bench", "decode", "--target", "fixture", "--block-sizes", "100"),
+         expect=r"--block-sizes 100: larger than the block the drafters were trained with \(parallel: 16"),
     Case("conformance --threads 0", ("conformance", "--threads", "0"), expect=r"--threads=0: must be at least 1"),
     Case("conformance --output A_FOLDER", ("conformance", "--output", "{user}"),
          expect=r"--output .*user: is a directory; pass a file path"),
@@ -339,6 +343,12 @@ def built(tmp_path_factory) -> dict[str, Path]:
         config = json.loads((broken / "config.json").read_text())
         (broken / "config.json").write_text(json.dumps({**config, **change}))
         paths[name] = broken
+    huge_header = root / "huge_header_target"  # a weights header claiming a 4 TiB tensor in a tiny file
+    shutil.copytree(target, huge_header)
+    header = json.dumps({"__metadata__": {"format": "pt"}, "model.norm.weight": {
+        "dtype": "F32", "shape": [1 << 40], "data_offsets": [0, 4 << 40]}}).encode()
+    (huge_header / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(64))
+    paths["huge_header_target"] = huge_header
     (root / "loop").symlink_to(root / "loop")
     paths["loop"] = root / "loop"
     foreign = _copy_drafter(dc, root / "foreign_drafter")

@@ -107,12 +107,28 @@ def _check_args(args: argparse.Namespace) -> None:
             raise SpecError(f"--drafter {spec!r}: give NAME=DIR with DIR a drafter checkpoint directory")
 
 
+def _check_block_sizes(args: argparse.Namespace) -> None:
+    """--block-sizes within every benchmarked drafter's block (read from the checkpoints, before any model loads)."""
+    from .. import fixtures, real_assets
+    from ..spec import VARIANT_KINDS, read_config
+
+    shipped = fixtures.drafter_dir if args.target == "fixture" else real_assets.drafter_dir
+    dirs = _drafter_dirs(args) or {kind: shipped(kind) for kind in VARIANT_KINDS}
+    blocks = {name: read_config(path).block_size for name, path in dirs.items()}
+    smallest = min(blocks.values())
+    for block in args.block_sizes:
+        if block > smallest:
+            raise SpecError(f"--block-sizes {block}: larger than the block the drafters were trained with "
+                            f"({', '.join(f'{n}: {b}' for n, b in blocks.items())}); use 2..{smallest}")
+
+
 def _drafter_dirs(args: argparse.Namespace) -> dict[str, Path] | None:
     return {spec.partition("=")[0]: Path(spec.partition("=")[2]) for spec in args.drafter} if args.drafter else None
 
 
 def run_decode_bench(args: argparse.Namespace) -> int:
     _check_args(args)
+    _check_block_sizes(args)
     torch.manual_seed(0)
     setup = load_setup(args.target, device=args.device, drafter_dirs=_drafter_dirs(args))
     prompts = setup.prompts[: args.prompts]
