@@ -83,6 +83,8 @@ def check_output_dir(out_dir: Path, kind: str, inputs: tuple = (), force: bool =
             raise SpecError(f"output {out_dir} {where}; pass a directory path (nothing was changed)")
     if out_dir.is_dir() and not force and any(out_dir.iterdir()):
         found = read_marker(out_dir)
+        if found is not None and found.get("shared"):  # a user's folder portable-spec also wrote a few files into
+            found = None
         if found is None or found.get("kind") != kind or (owner is not None and found.get("owner") != owner):
             if found is None:
                 held = "files portable-spec did not write"
@@ -117,11 +119,16 @@ def claim_output_dir(out_dir: Path, kind: str, files: tuple[str, ...], force: bo
     return out_dir
 
 
-def mark_output_dir(out_dir: Path, kind: str) -> Path:
+def mark_output_dir(out_dir: Path, kind: str, files: tuple[str, ...]) -> Path:
+    """Create `out_dir` and record that portable-spec writes `files` there. In a folder that also holds other files
+    the marker says so (`shared`), and the folder is never taken as a whole output that may be replaced."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if (read_marker(out_dir) or {}).get("kind") != kind:
-        write_marker(out_dir, kind)
+    found = read_marker(out_dir) or {}
+    others = [p.name for p in out_dir.iterdir() if p.name != OUTPUT_MARKER and p.name not in files]
+    shared = bool(found.get("shared")) or (found.get("kind") != kind and bool(others))
+    if found.get("kind") != kind or found.get("shared", False) != shared:
+        (out_dir / OUTPUT_MARKER).write_text(json.dumps({"kind": kind, "owner": None, "shared": shared}) + "\n")
     return out_dir
 
 

@@ -156,3 +156,18 @@ def test_ctrl_c_ends_a_command_with_one_line_and_leaves_nothing_half_written(tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: interrupted; outputs are written whole or not at all, so nothing half-written was left"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+
+
+def test_a_users_folder_with_a_benchmark_in_it_is_still_the_users(tmp_path):
+    """bench writes its files into a user's folder and leaves the rest; that folder never becomes a whole output a
+    later command may replace."""
+    from portable_spec.outputs import claim_output_dir, mark_output_dir
+
+    (tmp_path / "notes.txt").write_text("mine")
+    claim_output_dir(tmp_path, "bench", ("benchmarks.md",))
+    mark_output_dir(tmp_path, "bench", ("benchmarks.md",))
+    (tmp_path / "benchmarks.md").write_text("table")
+    claim_output_dir(tmp_path, "bench", ("benchmarks.md",))  # its own file: a rerun may replace it
+    with pytest.raises(SpecError, match="holds files portable-spec did not write"):
+        write_dir_atomically(tmp_path, _write("x"), kind="bench")
+    assert (tmp_path / "notes.txt").read_text() == "mine"

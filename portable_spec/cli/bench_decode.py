@@ -151,7 +151,7 @@ def run_decode_bench(args: argparse.Namespace) -> int:
     print(header)
     print(table)
     if args.out is not None:
-        mark_output_dir(args.out, "bench")
+        mark_output_dir(args.out, "bench", BENCH_FILES)
         clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows]
         write_file_atomically(args.out / "benchmarks.json", lambda p: p.write_text(json.dumps(clean, indent=1)))
         write_file_atomically(args.out / "benchmarks.md", lambda p: p.write_text(

@@ -238,7 +238,7 @@ def run_vllm_bench(args: argparse.Namespace) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
-        mark_output_dir(args.out, "bench")
+        mark_output_dir(args.out, "bench", VLLM_FILES)
         data = {"setup": setup, "runs": [asdict(r) for r in runs],
                 "reference": {m: {k: v for k, v in r.items() if k != "tokens"} for m, r in reference.items()}}
         write_file_atomically(args.out / "vllm.json", lambda p: p.write_text(json.dumps(data, indent=1)))
