@@ -19,10 +19,10 @@ import torch
 from tqdm import tqdm
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from portable_spec import data
-from portable_spec.outputs import write_dir_atomically
-from portable_spec.target import TargetModel
-from portable_spec.train import TrainConfig, drafter_config_for, train_drafter
+from portable_spec.training import data
+from portable_spec.core.outputs import write_dir_atomically
+from portable_spec.core.target import TargetModel
+from portable_spec.training.train import TrainConfig, drafter_config_for, train_drafter
 
 TARGET = dict(vocab_size=2048, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
               head_dim=64, intermediate_size=512, max_position_embeddings=2048, tie_word_embeddings=True,

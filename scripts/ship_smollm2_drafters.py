@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from portable_spec.checkpoint import save_drafter
-from portable_spec.distill_data import load_sequences
-from portable_spec.spec import VARIANT_KINDS, read_config
+from portable_spec.core.checkpoint import save_drafter
+from portable_spec.training.distill_data import load_sequences
+from portable_spec.core.spec import VARIANT_KINDS, read_config
 
 ASSETS = Path(__file__).resolve().parents[1] / "portable_spec" / "assets" / "smollm2"
 

@@ -5,10 +5,10 @@ import argparse
 
 import pytest
 
-from portable_spec import real_assets
+from portable_spec.core import real_assets
 from portable_spec.cli import bench, bench_vllm
 from portable_spec.cli.main import main
-from portable_spec.spec import SpecError, read_config
+from portable_spec.core.spec import SpecError, read_config
 
 
 def _args(**overrides) -> argparse.Namespace:

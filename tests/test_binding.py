@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from portable_spec.decode import SpeculativeDecoder
-from portable_spec.spec import SpecError
-from portable_spec.testing import tiny_drafter, tiny_target
+from portable_spec.core.decode import SpeculativeDecoder
+from portable_spec.core.spec import SpecError
+from portable_spec.core.testing import tiny_drafter, tiny_target
 
 
 def test_drafter_for_another_target_is_refused(tmp_path):

@@ -4,10 +4,10 @@ something)."""
 
 import pytest
 
-from portable_spec import fixtures
-from portable_spec.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.spec import VARIANT_KINDS
-from portable_spec.target import TargetModel
+from portable_spec.core import fixtures
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.spec import VARIANT_KINDS
+from portable_spec.core.target import TargetModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -4,9 +4,9 @@ including when acceptance is ragged across the batch; sampled output is reproduc
 import pytest
 import torch
 
-from portable_spec.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.spec import SpecError
-from portable_spec.testing import tiny_drafter, tiny_target
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.spec import SpecError
+from portable_spec.core.testing import tiny_drafter, tiny_target
 
 PROMPTS = [[1, 2, 3, 4, 5], [7, 8], [9, 10, 11, 12, 13, 14, 15, 16, 17], [3], [40, 41, 42]]
 

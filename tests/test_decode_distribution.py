@@ -5,9 +5,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from portable_spec.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.sampling import SamplingBatch, SamplingParams, target_probs
-from portable_spec.testing import tiny_drafter, tiny_target
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.sampling import SamplingBatch, SamplingParams, target_probs
+from portable_spec.core.testing import tiny_drafter, tiny_target
 
 PROMPT, SAMPLES = [1, 2, 3], 6000
 SAMPLING = SamplingParams(temperature=1.0, top_k=10)

@@ -1,4 +1,4 @@
-"""The decode-shaped CPU layout (portable_spec/decode_matmul.py) computes what nn.Linear computes, only on the
+"""The decode-shaped CPU layout (portable_spec/core/decode_matmul.py) computes what nn.Linear computes, only on the
 shapes it claims, and leaves every layer as it found it."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from portable_spec.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.decode_matmul import MAX_ROWS, DecodeShapedLinear, decode_shaped_linears
-from portable_spec.testing import tiny_drafter, tiny_target
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.decode_matmul import MAX_ROWS, DecodeShapedLinear, decode_shaped_linears
+from portable_spec.core.testing import tiny_drafter, tiny_target
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 9, 33])

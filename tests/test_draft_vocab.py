@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from portable_spec.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.drafter import Drafter, load_drafter
-from portable_spec.spec import SpecError
-from portable_spec.testing import tiny_target
-from portable_spec.train import drafter_config_for, drafter_loss, target_to_draft
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.drafter import Drafter, load_drafter
+from portable_spec.core.spec import SpecError
+from portable_spec.core.testing import tiny_target
+from portable_spec.training.train import drafter_config_for, drafter_loss, target_to_draft
 
 VOCAB_IDS = torch.tensor(sorted({*range(0, 256, 3), 255}))  # 87 of 256 ids, including the mask id
 
@@ -85,7 +85,7 @@ def test_onnx_graph_of_a_reduced_vocabulary_drafter_matches_the_reference(tmp_pa
     pytest.importorskip("onnxruntime")
     from portable_spec.adapters.onnx import OnnxBackend
     from portable_spec.adapters.onnx_export import export_onnx
-    from portable_spec.backends import ReferenceBackend
+    from portable_spec.core.backends import ReferenceBackend
 
     target = tiny_target(0)
     target.model.save_pretrained(tmp_path / "target")

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from portable_spec.drafter import Drafter
-from portable_spec.testing import tiny_drafter, tiny_target
+from portable_spec.core.drafter import Drafter
+from portable_spec.core.testing import tiny_drafter, tiny_target
 
 
 @pytest.fixture(scope="module")

@@ -3,10 +3,10 @@ drafter kind, batch 1 and batch 4; the trained drafters actually accept tokens."
 
 import pytest
 
-from portable_spec import fixtures
-from portable_spec.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.spec import VARIANT_KINDS
-from portable_spec.target import TargetModel
+from portable_spec.core import fixtures
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.spec import VARIANT_KINDS
+from portable_spec.core.target import TargetModel
 
 NUM_PROMPTS, NEW_TOKENS = 52, 24
 

@@ -40,7 +40,7 @@ def test_gpu_session_dry_run_executes_every_stage(tmp_path):
     status = json.loads((scratch / "collected/results/status.json").read_text())
     assert {name: stage["exit"] for name, stage in status["stages"].items()} == {
         "env": [0], "kernels": [0], "kernel-bench": [0], "target": [0], "data": [0], "train": [0, 0], "decode": [0]}
-    from portable_spec.drafter import load_drafter
+    from portable_spec.core.drafter import load_drafter
 
     for kind in ("depth_causal", "parallel"):
         entry = report["drafters"][kind]

@@ -30,8 +30,8 @@ BLOCK = (
 )
 
 DECODE = (
-    "from portable_spec.testing import tiny_target, tiny_drafter\n"
-    "from portable_spec.decode import SpeculativeDecoder, GenerationConfig\n"
+    "from portable_spec.core.testing import tiny_target, tiny_drafter\n"
+    "from portable_spec.core.decode import SpeculativeDecoder, GenerationConfig\n"
     "t = tiny_target()\n"
     "out = SpeculativeDecoder(t, tiny_drafter(t, 'depth_causal')).generate([[1, 2, 3]], GenerationConfig(max_new_tokens=4))\n"
     "print(len(out.tokens[0]))\n"

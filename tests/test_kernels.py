@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from portable_spec import dispatch
+from portable_spec.core import dispatch
 from portable_spec.conformance.golden import GOLDEN_DIR, case_paths, load_case, to_tensors
-from portable_spec.noise import VerifyNoise
-from portable_spec.sampling import SamplingBatch, SamplingParams
-from portable_spec.verify import verify
+from portable_spec.core.noise import VerifyNoise
+from portable_spec.core.sampling import SamplingBatch, SamplingParams
+from portable_spec.core.verify import verify
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLED = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=20),
@@ -99,7 +99,7 @@ def assert_same_verify(case, verify_triton, block_v=None):
     got = dispatch.verify_op(logits, draft_tokens, sampling, noise, draft_probs, num_drafts, impl="triton")
     results = [got]
     if block_v is not None:  # several vocab tiles: the running argmax must keep the first index
-        from portable_spec.sampling import target_probs
+        from portable_spec.core.sampling import target_probs
         results.append(verify_triton.verify_probs(target_probs(logits, sampling), draft_tokens, noise, draft_probs,
                                                   num_drafts, block_v=block_v))
     for result in results:
@@ -212,8 +212,8 @@ def test_attention_twin_is_the_drafter_attention():
 def test_decode_loop_drafts_through_the_attention_kernel(interpreted, monkeypatch, kind):
     """The reference loop's drafter attention goes through dispatch.attention_op: forced to Triton (interpreter
     here, compiled on CUDA) the kernel runs every round and the output equals the torch twin's."""
-    from portable_spec.decode import GenerationConfig, SpeculativeDecoder
-    from portable_spec.testing import tiny_drafter, tiny_target
+    from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+    from portable_spec.core.testing import tiny_drafter, tiny_target
 
     target = tiny_target()
     drafter = tiny_drafter(target, kind, block_size=4)
@@ -246,9 +246,9 @@ def test_dispatch_imports_no_triton_on_the_torch_path():
     """A fresh process: the torch path never imports triton; forcing triton on CPU without the interpreter fails."""
     code = """
 import sys, torch
-from portable_spec.dispatch import attention_op, triton_available, verify_op
-from portable_spec.noise import VerifyNoise
-from portable_spec.sampling import SamplingBatch, SamplingParams
+from portable_spec.core.dispatch import attention_op, triton_available, verify_op
+from portable_spec.core.noise import VerifyNoise
+from portable_spec.core.sampling import SamplingBatch, SamplingParams
 noise = VerifyNoise.for_chain(0, torch.arange(2), torch.tensor([4, 9]), 3, 20)
 args = (torch.randn(2, 4, 20), torch.randint(0, 20, (2, 3)), SamplingBatch.from_params([SamplingParams()] * 2), noise)
 verify_op(*args)

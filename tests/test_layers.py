@@ -1,6 +1,6 @@
-"""The package reads bottom-up: core <- kernels <- adapters <- conformance <- cli. No module imports a layer above
-its own (checked statically over every import statement, lazy ones inside functions included), and
-docs/architecture.md shows exactly this layering."""
+"""The package reads bottom-up: core <- kernels <- training, bench, adapters <- conformance <- cli. No module imports
+a layer above its own or a sibling of its own rank (checked statically over every import statement, lazy ones
+inside functions included), and docs/architecture.md shows exactly this layering."""
 
 from __future__ import annotations
 
@@ -12,13 +12,22 @@ import portable_spec
 
 PACKAGE = Path(portable_spec.__file__).parent
 ROOT = PACKAGE.parent
-# bottom to top; the core is every module directly in portable_spec/
-LAYERS = ("core", "kernels", "adapters", "conformance", "cli")
+# bottom to top; the layers of one rank never import each other; portable_spec/__init__.py re-exports the core
+RANKS = (("core",), ("kernels",), ("training", "bench", "adapters"), ("conformance",), ("cli",))
+LAYERS = tuple(layer for rank in RANKS for layer in rank)
 
 
 def layer_of(module: str) -> str:
     parts = module.split(".")
-    return parts[1] if len(parts) >= 2 and parts[1] in LAYERS[1:] else "core"
+    if len(parts) == 1:
+        return "core"  # the package's __init__: the public API, lazily re-exporting the core
+    if parts[1] not in LAYERS:
+        raise AssertionError(f"{module}: every module lives in a layer subpackage {LAYERS}")
+    return parts[1]
+
+
+def rank_of(layer: str) -> int:
+    return next(index for index, rank in enumerate(RANKS) if layer in rank)
 
 
 def module_name(path: Path) -> str:
@@ -46,10 +55,11 @@ def imports_of(path: Path) -> set[str]:
 def upward_imports() -> list[str]:
     bad = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        own = LAYERS.index(layer_of(module_name(path)))
-        for imported in sorted(imports_of(path)):
-            if LAYERS.index(layer_of(imported)) > own:
-                bad.append(f"{module_name(path)} ({layer_of(module_name(path))}) imports {imported}")
+        own = layer_of(module_name(path))
+        for imported in sorted(imports_of(path) - {"portable_spec"}):
+            other = layer_of(imported)
+            if rank_of(other) > rank_of(own) or (rank_of(other) == rank_of(own) and other != own):
+                bad.append(f"{module_name(path)} ({own}) imports {imported} ({other})")
     return bad
 
 
@@ -59,20 +69,23 @@ def test_no_module_imports_a_higher_layer():
 
 def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     """The static check would catch a core module that reached up (so the test above can fail)."""
-    probe = tmp_path / "portable_spec" / "probe.py"
-    probe.parent.mkdir()
-    probe.write_text("def f():\n    from .adapters.vllm import plugin\n    import portable_spec.cli\n")
+    probe = tmp_path / "portable_spec" / "core" / "probe.py"
+    probe.parent.mkdir(parents=True)
+    probe.write_text("def f():\n    from ..adapters.vllm import plugin\n    import portable_spec.cli\n")
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     assert imports_of(probe) >= {"portable_spec.adapters.vllm.plugin", "portable_spec.cli"}
-    assert layer_of("portable_spec.adapters.vllm.plugin") == "adapters" and layer_of("portable_spec.probe") == "core"
+    assert layer_of("portable_spec.adapters.vllm.plugin") == "adapters" and layer_of("portable_spec.core.probe") == "core"
+    assert rank_of("training") == rank_of("bench") == rank_of("adapters") > rank_of("kernels")
 
 
 def test_architecture_doc_shows_the_layers():
     doc = (ROOT / "docs" / "architecture.md").read_text()
     stated = re.search(r"Layers, bottom to top: (.+)", doc)
     assert stated, "docs/architecture.md must state 'Layers, bottom to top: ...'"
-    assert [s.strip("` ") for s in stated.group(1).split("<-")] == ["portable_spec/*.py (core)"] + [
-        f"portable_spec/{layer}/" for layer in LAYERS[1:]]
-    for path in sorted(PACKAGE.glob("*.py")):
-        if path.name != "__init__.py":
-            assert f"  {path.name}" in doc, f"docs/architecture.md does not list core module {path.name}"
+    assert [[s.strip("` ") for s in rank.split(",")] for rank in stated.group(1).split("<-")] == [
+        [f"portable_spec/{layer}/" for layer in rank] for rank in RANKS]
+    assert [p.name for p in PACKAGE.glob("*.py")] == ["__init__.py"], "modules live in the layer subpackages"
+    for layer in ("core", "training", "bench"):
+        for path in sorted((PACKAGE / layer).glob("*.py")):
+            if path.name != "__init__.py":
+                assert f"  {path.name}" in doc, f"docs/architecture.md does not list {layer} module {path.name}"

@@ -2,7 +2,7 @@
 
 import torch
 
-from portable_spec.noise import STREAM_SAMPLE, VerifyNoise, keyed_uniforms, philox4x32
+from portable_spec.core.noise import STREAM_SAMPLE, VerifyNoise, keyed_uniforms, philox4x32
 
 M = 0xFFFFFFFF
 KNOWN_ANSWERS = [  # Random123 kat_vectors, philox4x32_10: counter, key -> output
@@ -44,7 +44,7 @@ def test_verify_noise_positions():
 
 def test_extreme_bits_stay_inside_the_open_interval():
     """All-ones bits must give u < 1, else -log(u) = -0 and the exponential race divides by zero."""
-    from portable_spec.noise import bits_to_uniform
+    from portable_spec.core.noise import bits_to_uniform
 
     u = bits_to_uniform(torch.tensor([0, 0xFFFFFFFF]))
     assert 0 < float(u[0]) and float(u[1]) < 1.0 and bool((-torch.log(u) > 0).all())

@@ -15,14 +15,14 @@ onnx = pytest.importorskip("onnx")
 
 from portable_spec.adapters.onnx import OnnxBackend, OnnxDrafterGraph, OnnxProposer  # noqa: E402
 from portable_spec.adapters.onnx_export import GRAPH_FILE, META_PREFIX, export_bound_drafter, export_onnx  # noqa: E402
-from portable_spec.outputs import OUTPUT_MARKER  # noqa: E402
-from portable_spec.backends import BACKENDS, ReferenceBackend, get_backend  # noqa: E402
+from portable_spec.core.outputs import OUTPUT_MARKER  # noqa: E402
+from portable_spec.core.backends import BACKENDS, ReferenceBackend, get_backend  # noqa: E402
 from portable_spec.cli import main  # noqa: E402
-from portable_spec.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
-from portable_spec.proposer import TorchProposer  # noqa: E402
-from portable_spec.spec import VARIANT_KINDS, SpecError  # noqa: E402
-from portable_spec.target import TargetModel  # noqa: E402
-from portable_spec.testing import save_tiny_pair, tiny_target  # noqa: E402
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
+from portable_spec.core.proposer import TorchProposer  # noqa: E402
+from portable_spec.core.spec import VARIANT_KINDS, SpecError  # noqa: E402
+from portable_spec.core.target import TargetModel  # noqa: E402
+from portable_spec.core.testing import save_tiny_pair, tiny_target  # noqa: E402
 
 TOLERANCE = 1e-4
 BLOCK = 8  # tiny_drafter's block_size
@@ -202,7 +202,7 @@ def test_registered_and_available():
 
 def test_trained_fixtures_if_present(tmp_path):
     """Optional: with trained fixtures, acceptance is real (> 1 token per round) and tokens still match."""
-    from portable_spec import fixtures
+    from portable_spec.core import fixtures
 
     drafter_dir = fixtures.drafter_dir("depth_causal")
     if not (fixtures.target_dir() / "config.json").exists() or not (drafter_dir / "config.json").exists():

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from portable_spec.outputs import read_marker, write_dir_atomically
+from portable_spec.core.outputs import read_marker, write_dir_atomically
 from portable_spec.cli import main
-from portable_spec.spec import SpecError
-from portable_spec.testing import save_tiny_pair
+from portable_spec.core.spec import SpecError
+from portable_spec.core.testing import save_tiny_pair
 
 
 def _digest(folder: Path) -> str:
@@ -101,7 +101,7 @@ def test_a_second_holder_of_a_lock_stops_at_once_and_a_stale_lock_is_taken_over(
     import subprocess
     import sys
 
-    from portable_spec.outputs import check_unlocked, data_lock, locked
+    from portable_spec.core.outputs import check_unlocked, data_lock, locked
 
     lock = data_lock(tmp_path)
     with locked(lock, "--work-dir W"):
@@ -121,7 +121,7 @@ def test_a_second_holder_of_a_lock_stops_at_once_and_a_stale_lock_is_taken_over(
 
 def test_two_runs_on_one_work_dir_train_different_outputs_but_never_the_same(tmp_path):
     """Kinds may train at once on shared data (each its own state and loss log); the same output may not."""
-    from portable_spec.outputs import locked, training_lock
+    from portable_spec.core.outputs import locked, training_lock
 
     with locked(training_lock(tmp_path, "depth_causal"), "training depth_causal"):
         with locked(training_lock(tmp_path, "parallel"), "training parallel"):
@@ -132,7 +132,7 @@ def test_two_runs_on_one_work_dir_train_different_outputs_but_never_the_same(tmp
 
 
 def test_a_users_folder_is_used_as_work_dir_only_with_force(tmp_path):
-    from portable_spec.outputs import WORK_DIR_KIND, claim_work_dir
+    from portable_spec.core.outputs import WORK_DIR_KIND, claim_work_dir
 
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(SpecError, match="not a portable-spec work directory"):
@@ -161,7 +161,7 @@ def test_ctrl_c_ends_a_command_with_one_line_and_leaves_nothing_half_written(tmp
 def test_a_users_folder_with_a_benchmark_in_it_is_still_the_users(tmp_path):
     """bench writes its files into a user's folder and leaves the rest; that folder never becomes a whole output a
     later command may replace."""
-    from portable_spec.outputs import claim_output_dir, mark_output_dir
+    from portable_spec.core.outputs import claim_output_dir, mark_output_dir
 
     (tmp_path / "notes.txt").write_text("mine")
     claim_output_dir(tmp_path, "bench", ("benchmarks.md",))

@@ -6,9 +6,9 @@ from importlib.util import find_spec
 
 import pytest
 
-from portable_spec import real_assets
-from portable_spec.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.spec import VARIANT_KINDS
+from portable_spec.core import real_assets
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.spec import VARIANT_KINDS
 
 pytestmark = [
     pytest.mark.real_target,
@@ -20,8 +20,8 @@ PROMPTS, NEW_TOKENS = 3, 24
 
 @pytest.fixture(scope="module")
 def target():
-    from portable_spec.real_target import fetch_target
-    from portable_spec.target import TargetModel
+    from portable_spec.core.real_target import fetch_target
+    from portable_spec.core.target import TargetModel
 
     return TargetModel.load(fetch_target("smollm2"))
 

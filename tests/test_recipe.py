@@ -7,13 +7,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from portable_spec.distill_data import generate_replies, load_sequences
-from portable_spec.feature_cache import FeatureDataset, cache_features
-from portable_spec.recipe import dflash_target_layer_ids, frequent_tokens
-from portable_spec.sharegpt import first_human_turns, is_heldout, iter_conversations, split_prompts
-from portable_spec.spec import SpecError
-from portable_spec.target import TargetModel
-from portable_spec.testing import save_tiny_pair
+from portable_spec.training.distill_data import generate_replies, load_sequences
+from portable_spec.training.feature_cache import FeatureDataset, cache_features
+from portable_spec.training.recipe import dflash_target_layer_ids, frequent_tokens
+from portable_spec.training.sharegpt import first_human_turns, is_heldout, iter_conversations, split_prompts
+from portable_spec.core.spec import SpecError
+from portable_spec.core.target import TargetModel
+from portable_spec.core.testing import save_tiny_pair
 
 
 def _conversation(i, first_role="human", text=None):
@@ -115,7 +115,7 @@ def test_draft_vocabulary_is_the_most_frequent_reply_tokens(distilled):
 
 
 def test_default_layer_ids_are_distinct_on_shallow_targets():
-    from portable_spec.recipe import dflash_target_layer_ids
+    from portable_spec.training.recipe import dflash_target_layer_ids
 
     assert dflash_target_layer_ids(30, 3) == [1, 14, 27] and dflash_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert dflash_target_layer_ids(4, 2) == [0, 2]  # DFlash's [1, L-3] would give [1, 1]
@@ -124,7 +124,7 @@ def test_default_layer_ids_are_distinct_on_shallow_targets():
 
 
 def test_damaged_work_dir_files_are_named(tmp_path):
-    from portable_spec.distill_data import Sequences, generate_replies, read_shard
+    from portable_spec.training.distill_data import Sequences, generate_replies, read_shard
 
     shard = tmp_path / "shard-00000.safetensors"
     save_file({"tokens": torch.arange(4, dtype=torch.int32), "offsets": torch.tensor([0, 4]),

@@ -7,7 +7,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from portable_spec.sampling import MIN_TEMPERATURE, SamplingBatch, SamplingParams, target_probs
+from portable_spec.core.sampling import MIN_TEMPERATURE, SamplingBatch, SamplingParams, target_probs
 
 
 def probs(logits, **params):

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from portable_spec.checkpoint import save_drafter
-from portable_spec.drafter import load_drafter
-from portable_spec.spec import SpecError, parse_config, read_config
-from portable_spec.testing import tiny_drafter, tiny_target
+from portable_spec.core.checkpoint import save_drafter
+from portable_spec.core.drafter import load_drafter
+from portable_spec.core.spec import SpecError, parse_config, read_config
+from portable_spec.core.testing import tiny_drafter, tiny_target
 
 
 @pytest.fixture(scope="module")

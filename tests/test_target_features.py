@@ -2,7 +2,7 @@
 
 import torch
 
-from portable_spec.testing import tiny_target
+from portable_spec.core.testing import tiny_target
 
 
 def test_features_are_outputs_of_the_named_layers():

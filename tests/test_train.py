@@ -2,9 +2,9 @@
 
 import torch
 
-from portable_spec.drafter import load_drafter
-from portable_spec.testing import tiny_target
-from portable_spec.train import TrainConfig, drafter_config_for, train_drafter
+from portable_spec.core.drafter import load_drafter
+from portable_spec.core.testing import tiny_target
+from portable_spec.training.train import TrainConfig, drafter_config_for, train_drafter
 
 
 def _setup(kind="depth_causal"):
@@ -29,7 +29,7 @@ def test_resume_reproduces_uninterrupted_training(tmp_path):
 
 
 def test_loss_falls_on_predictable_text(tmp_path):
-    from portable_spec.train import drafter_loss
+    from portable_spec.training.train import drafter_loss
     target, config, stream = _setup("parallel")
     tokens = stream[:64].view(2, 32)
     anchors = torch.tensor([[3, 10, 20], [5, 12, 25]])

@@ -16,7 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from safetensors.torch import load_file
 
-from portable_spec.outputs import OUTPUT_MARKER
+from portable_spec.core.outputs import OUTPUT_MARKER
 
 pytest.importorskip("onnxruntime")
 
@@ -26,11 +26,11 @@ from portable_spec.adapters.tensorrt_llm import (  # noqa: E402
     export_for_trtllm, export_trtllm, validate_speculative_config,
 )
 from portable_spec.cli import main  # noqa: E402
-from portable_spec.drafter import Drafter  # noqa: E402
-from portable_spec.spec import VARIANT_KINDS, SpecError  # noqa: E402
-from portable_spec.train import drafter_config_for  # noqa: E402
-from portable_spec.target import TargetModel  # noqa: E402
-from portable_spec.testing import save_tiny_pair  # noqa: E402
+from portable_spec.core.drafter import Drafter  # noqa: E402
+from portable_spec.core.spec import VARIANT_KINDS, SpecError  # noqa: E402
+from portable_spec.training.train import drafter_config_for  # noqa: E402
+from portable_spec.core.target import TargetModel  # noqa: E402
+from portable_spec.core.testing import save_tiny_pair  # noqa: E402
 
 TOLERANCE = 1e-4
 # DFlashDecodingConfig as TensorRT-LLM's source defines it: tensorrt_llm/llmapi/llm_args.py at NVIDIA/TensorRT-LLM

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from portable_spec.noise import VerifyNoise
-from portable_spec.sampling import SamplingBatch, SamplingParams, target_probs
-from portable_spec.verify import verify
+from portable_spec.core.noise import VerifyNoise
+from portable_spec.core.sampling import SamplingBatch, SamplingParams, target_probs
+from portable_spec.core.verify import verify
 
 GREEDY = SamplingParams()
 

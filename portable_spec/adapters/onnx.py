@@ -12,14 +12,14 @@ from pathlib import Path
 
 import torch
 
-from portable_spec.backends import Backend, ReferenceBackend
-from portable_spec.decode import SpeculativeDecoder
-from portable_spec.drafter import greedy_drafts
-from portable_spec.spec import DrafterConfig, SpecError
-from portable_spec.target import TargetModel
-from portable_spec.variants import behaviour_of
+from portable_spec.core.backends import Backend, ReferenceBackend
+from portable_spec.core.decode import SpeculativeDecoder
+from portable_spec.core.drafter import greedy_drafts
+from portable_spec.core.spec import DrafterConfig, SpecError
+from portable_spec.core.target import TargetModel
+from portable_spec.core.variants import behaviour_of
 
-from .onnx_export import GRAPH_FILE, INPUT_NAMES, OUTPUT_NAME, GraphMetadata, _session_options, export_bound_drafter
+from portable_spec.adapters.onnx_export import GRAPH_FILE, INPUT_NAMES, OUTPUT_NAME, GraphMetadata, _session_options, export_bound_drafter
 
 
 class OnnxDrafterGraph:

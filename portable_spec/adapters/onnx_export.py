@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from portable_spec.outputs import check_output_dir, write_dir_atomically
-from portable_spec.drafter import Drafter
-from portable_spec.spec import DrafterConfig, SpecError, parse_config, read_config
-from portable_spec.target import TargetModel
+from portable_spec.core.outputs import check_output_dir, write_dir_atomically
+from portable_spec.core.drafter import Drafter
+from portable_spec.core.spec import DrafterConfig, SpecError, parse_config, read_config
+from portable_spec.core.target import TargetModel
 
 GRAPH_FILE = "drafter.onnx"
 MANIFEST_FILE = "export.json"

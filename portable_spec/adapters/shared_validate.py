@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from portable_spec.spec import DrafterConfig, SpecError, parse_config
-from portable_spec.variants import behaviour_of, single_pass_kinds
+from portable_spec.core.spec import DrafterConfig, SpecError, parse_config
+from portable_spec.core.variants import behaviour_of, single_pass_kinds
 
 ENGINE_KINDS = single_pass_kinds()  # what an engine's DFlash proposer runs: one drafter pass per round
 

@@ -1,5 +1,5 @@
 """The `portable-spec` command line (top layer)."""
 
-from .main import main
+from portable_spec.cli.main import main
 
 __all__ = ["main"]

@@ -2,6 +2,6 @@
 
 import sys
 
-from .main import main
+from portable_spec.cli.main import main
 
 sys.exit(main())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..spec import SpecError
+from portable_spec.core.spec import SpecError
 
 BENCHES = ("decode", "vllm", "kernels")
 DEFAULT_BATCH_SIZES = {"decode": [1, 4], "vllm": [1, 8]}
@@ -21,10 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kernel-repeats", type=int, default=5, help="kernels on CPU: timed runs per torch twin.")
     parser.add_argument("--interpret", action="store_true",
                         help="kernels on CPU: also check the kernels in Triton's interpreter (correctness, not time).")
-    from .bench_decode import add_decode_arguments
+    from portable_spec.cli.bench_decode import add_decode_arguments
 
     add_decode_arguments(parser)
-    from .bench_vllm import add_vllm_arguments
+    from portable_spec.cli.bench_vllm import add_vllm_arguments
 
     add_vllm_arguments(parser)
 
@@ -39,9 +39,9 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_sizes is None:
         args.batch_sizes = DEFAULT_BATCH_SIZES[args.what]
     if args.what == "vllm":
-        from .bench_vllm import run_vllm_bench
+        from portable_spec.cli.bench_vllm import run_vllm_bench
 
         return run_vllm_bench(args)
-    from .bench_decode import run_decode_bench
+    from portable_spec.cli.bench_decode import run_decode_bench
 
     return int(run_decode_bench(args) or 0)

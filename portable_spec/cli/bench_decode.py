@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-from ..bench_setup import TARGET_CHOICES, device_name, load_setup, param_count
-from ..outputs import claim_output_dir, mark_output_dir, write_file_atomically
-from ..drafter import Drafter
-from ..evaluate import PLAIN, ComparisonRow, DecodeJob, compare, format_table, grid
-from ..spec import SpecError
-from .devices import check_device
+from portable_spec.bench.bench_setup import TARGET_CHOICES, device_name, load_setup, param_count
+from portable_spec.core.outputs import claim_output_dir, mark_output_dir, write_file_atomically
+from portable_spec.core.drafter import Drafter
+from portable_spec.bench.evaluate import PLAIN, ComparisonRow, DecodeJob, compare, format_table, grid
+from portable_spec.core.spec import SpecError
+from portable_spec.cli.devices import check_device
 
 BLOCK_SIZES = (4, 8, 16)
 BENCH_FILES = ("benchmarks.md", "benchmarks.json", "benchmarks.png")
@@ -109,8 +109,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
 def _check_block_sizes(args: argparse.Namespace) -> None:
     """--block-sizes within every benchmarked drafter's block (read from the checkpoints, before any model loads)."""
-    from .. import fixtures, real_assets
-    from ..spec import VARIANT_KINDS, read_config
+    from portable_spec.core import fixtures, real_assets
+    from portable_spec.core.spec import VARIANT_KINDS, read_config
 
     shipped = fixtures.drafter_dir if args.target == "fixture" else real_assets.drafter_dir
     dirs = _drafter_dirs(args) or {kind: shipped(kind) for kind in VARIANT_KINDS}

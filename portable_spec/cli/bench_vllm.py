@@ -19,9 +19,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from portable_spec import real_assets
-from portable_spec.outputs import claim_output_dir, mark_output_dir, write_file_atomically
-from portable_spec.spec import SpecError, read_config
+from portable_spec.core import real_assets
+from portable_spec.core.outputs import claim_output_dir, mark_output_dir, write_file_atomically
+from portable_spec.core.spec import SpecError, read_config
 
 METHODS = ("none", "ngram", "dflash_parallel", "depth_causal")
 NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}  # vLLM's prompt lookup
@@ -112,9 +112,9 @@ def run_method(method: str, args, target_dir: Path, prompts: list[list[int]]) ->
 
 def reference_runs(args, target_dir: Path, prompts: list[list[int]], stop: tuple[int, ...]) -> dict:
     """The reference decoder on the same drafters and K as vLLM (tau, per-position acceptance, tokens)."""
-    from portable_spec.decode import GenerationConfig, SpeculativeDecoder
-    from portable_spec.evaluate import acceptance_by_position
-    from portable_spec.target import TargetModel
+    from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+    from portable_spec.bench.evaluate import acceptance_by_position
+    from portable_spec.core.target import TargetModel
 
     target = TargetModel.load(target_dir)
     results = {}
@@ -192,7 +192,7 @@ def run_vllm_bench(args: argparse.Namespace) -> int:
     _check_args(args)
     from transformers import AutoTokenizer
 
-    from portable_spec.real_target import fetch_target
+    from portable_spec.core.real_target import fetch_target
 
     target_dir = fetch_target(args.target)
     prompts = real_assets.heldout_prompts()[: args.prompts]

@@ -7,10 +7,10 @@ import argparse
 
 import torch
 
-from ..checkpoint import load_drafter_files
-from ..drafter import load_drafter
-from ..spec import SpecError
-from ..target import TargetModel
+from portable_spec.core.checkpoint import load_drafter_files
+from portable_spec.core.drafter import load_drafter
+from portable_spec.core.spec import SpecError
+from portable_spec.core.target import TargetModel
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_WEIGHTS = {"d2t": torch.int64}  # the draft vocabulary's offsets; every other tensor is a float weight

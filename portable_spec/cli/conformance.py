@@ -12,9 +12,9 @@ from pathlib import Path
 
 import torch
 
-from ..backends import backend_names
-from ..outputs import write_file_atomically
-from ..spec import SpecError
+from portable_spec.core.backends import backend_names
+from portable_spec.core.outputs import write_file_atomically
+from portable_spec.core.spec import SpecError
 
 
 def _stable(detail: str) -> str:

@@ -7,9 +7,9 @@ import argparse
 
 import torch
 
-from ..bench_setup import TARGET_CHOICES, load_setup, param_count
-from ..evaluate import compare, format_table, grid
-from ..spec import VARIANT_KINDS, SpecError
+from portable_spec.bench.bench_setup import TARGET_CHOICES, load_setup, param_count
+from portable_spec.bench.evaluate import compare, format_table, grid
+from portable_spec.core.spec import VARIANT_KINDS, SpecError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..spec import SpecError
+from portable_spec.core.spec import SpecError
 
 
 def check_device(device: str) -> torch.device:

@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..spec import SpecError
+    from portable_spec.core.spec import SpecError
 
     start = time.perf_counter()
     if args.format == "onnx":

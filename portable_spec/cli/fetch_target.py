@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..real_target import KNOWN_TARGETS, cache_root, fetch_target
+from portable_spec.core.real_target import KNOWN_TARGETS, cache_root, fetch_target
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import fixtures
-from ..decode import GenerationConfig, SpeculativeDecoder
-from ..spec import SpecError, read_config
-from ..target import TargetModel
-from ..target_checks import check_target_dir, load_tokenizer
+from portable_spec.core import fixtures
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.spec import SpecError, read_config
+from portable_spec.core.target import TargetModel
+from portable_spec.core.target_checks import check_target_dir, load_tokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

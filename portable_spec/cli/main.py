@@ -11,7 +11,7 @@ import sys
 
 from pydantic import ValidationError
 
-from ..spec import SpecError
+from portable_spec.core.spec import SpecError
 
 # subcommand -> module in portable_spec.cli exposing add_arguments(parser) and run(args) -> int
 COMMANDS = {

@@ -13,14 +13,14 @@ from pathlib import Path
 import torch
 from pydantic.fields import FieldInfo
 
-from ..outputs import (check_not_an_input, check_output_dir, check_unlocked, claim_work_dir, data_lock,
+from portable_spec.core.outputs import (check_not_an_input, check_output_dir, check_unlocked, claim_work_dir, data_lock,
                        training_lock)
-from ..real_target import KNOWN_TARGETS
-from ..recipe import STAGES, RecipeConfig, prompts_prepared, run_recipe
-from ..spec import VARIANT_KINDS, SpecError
-from ..target_checks import load_tokenizer
-from .devices import check_device
-from ..train import TrainConfig, check_shapes
+from portable_spec.core.real_target import KNOWN_TARGETS
+from portable_spec.training.recipe import STAGES, RecipeConfig, prompts_prepared, run_recipe
+from portable_spec.core.spec import VARIANT_KINDS, SpecError
+from portable_spec.core.target_checks import load_tokenizer
+from portable_spec.cli.devices import check_device
+from portable_spec.training.train import TrainConfig, check_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -74,7 +74,7 @@ def _argument_type(field: FieldInfo) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..sharegpt import sharegpt_path
+    from portable_spec.training.sharegpt import sharegpt_path
 
     train = TrainConfig(**{name: getattr(args, name) for name in TrainConfig.model_fields})
     recipe = RecipeConfig(
@@ -119,8 +119,8 @@ def check_paths(args: argparse.Namespace, data: Path | None) -> None:
 
 
 def _train(args: argparse.Namespace, train: TrainConfig, recipe: RecipeConfig, device, data: Path | None) -> int:
-    from ..real_target import resolve_target, target_model_id
-    from ..target import TargetModel
+    from portable_spec.core.real_target import resolve_target, target_model_id
+    from portable_spec.core.target import TargetModel
 
     target_dir = resolve_target(args.target)
     target = TargetModel.load(target_dir, dtype=DTYPES[args.dtype])

@@ -15,15 +15,15 @@ from typing import Callable
 import numpy as np
 import torch
 
-from portable_spec.backends import Backend, is_reference
-from portable_spec.decode import GenerationConfig
-from portable_spec.sampling import SamplingParams
-from portable_spec.spec import VARIANT_KINDS, read_config
-from portable_spec.testing import TINY_TARGET
+from portable_spec.core.backends import Backend, is_reference
+from portable_spec.core.decode import GenerationConfig
+from portable_spec.core.sampling import SamplingParams
+from portable_spec.core.spec import VARIANT_KINDS, read_config
+from portable_spec.core.testing import TINY_TARGET
 
-from .distribution import ALPHA, DRAWS, SAMPLING, distribution_fits
-from .golden import GOLDEN_DIR, case_paths, load_case, to_tensors
-from .workspace import CheckSkipped, Workspace, trained_fixture
+from portable_spec.conformance.distribution import ALPHA, DRAWS, SAMPLING, distribution_fits
+from portable_spec.conformance.golden import GOLDEN_DIR, case_paths, load_case, to_tensors
+from portable_spec.conformance.workspace import CheckSkipped, Workspace, trained_fixture
 
 TOLERANCE = 1e-4  # logits and features: backends differ by float rounding (~1e-6), a wrong layer by O(1)
 TINY_GREEDY = GenerationConfig(max_new_tokens=24, num_draft_tokens=5)
@@ -49,7 +49,7 @@ class Check:
     id: str  # "area/name[/kind]"; expected_failures.json matches these with fnmatch patterns
     description: str  # what passing asserts, one line (shown in docs/conformance.md)
     run: Callable[[CheckContext], None]
-    exercises: str  # the backend component under test (portable_spec.backends.COMPONENTS)
+    exercises: str  # the backend component under test (portable_spec.core.backends.COMPONENTS)
     # "reference": passes by agreeing with the reference backend (meaningless on the reference itself);
     # "independent": golden files, a statistical oracle, or losslessness against the backend's own decoding
     oracle: str

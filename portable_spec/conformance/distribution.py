@@ -15,9 +15,9 @@ from typing import Callable
 
 import torch
 
-from portable_spec.noise import VerifyNoise, keyed_uniforms
-from portable_spec.sampling import SamplingBatch, SamplingParams, target_probs
-from portable_spec.verify import VerifyResult
+from portable_spec.core.noise import VerifyNoise, keyed_uniforms
+from portable_spec.core.sampling import SamplingBatch, SamplingParams, target_probs
+from portable_spec.core.verify import VerifyResult
 
 ALPHA = 1e-3
 DRAWS = 20_000

@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from portable_spec.noise import VerifyNoise
-from portable_spec.sampling import SamplingBatch, SamplingParams
-from portable_spec.spec import SpecError
+from portable_spec.core.noise import VerifyNoise
+from portable_spec.core.sampling import SamplingBatch, SamplingParams
+from portable_spec.core.spec import SpecError
 
 FORMAT_VERSION = 1
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -122,7 +122,7 @@ def to_tensors(case: GoldenCase) -> GoldenTensors:
     noise = regenerate_noise(inputs.noise, chain - 1, vocab)
     if noise_sha256(noise) != inputs.noise.sha256:
         raise GoldenError(f"golden/{case.name}.json: VerifyNoise.for_chain no longer regenerates the stored noise "
-                          "(sha256 differs); portable_spec/noise.py changed its keyed stream, which breaks "
+                          "(sha256 differs); portable_spec/core/noise.py changed its keyed stream, which breaks "
                           "cross-backend determinism: restore it (golden files are never regenerated)")
     return GoldenTensors(
         target_logits=target_logits,

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from portable_spec.sampling import SamplingBatch, SamplingParams, target_probs
-from portable_spec.verify import verify
+from portable_spec.core.sampling import SamplingBatch, SamplingParams, target_probs
+from portable_spec.core.verify import verify
 
-from .golden import FORMAT_VERSION, GOLDEN_DIR, NoiseKey, dumps, noise_sha256, regenerate_noise
+from portable_spec.conformance.golden import FORMAT_VERSION, GOLDEN_DIR, NoiseKey, dumps, noise_sha256, regenerate_noise
 
 VOCAB = 16
 

@@ -19,12 +19,12 @@ import torch
 import transformers
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from portable_spec.backends import Backend, get_backend, inherited_components, is_reference
-from portable_spec.spec import SpecError
+from portable_spec.core.backends import Backend, get_backend, inherited_components, is_reference
+from portable_spec.core.spec import SpecError
 
-from .checks import Check, CheckContext, CheckFailed
-from .golden import FORMAT_VERSION as GOLDEN_FORMAT_VERSION
-from .workspace import CheckSkipped, Workspace
+from portable_spec.conformance.checks import Check, CheckContext, CheckFailed
+from portable_spec.conformance.golden import FORMAT_VERSION as GOLDEN_FORMAT_VERSION
+from portable_spec.conformance.workspace import CheckSkipped, Workspace
 
 EXPECTED_FAILURES = Path(__file__).parent / "expected_failures.json"
 PASS, FAIL, SKIP, XFAIL, XPASS = "pass", "FAIL", "skip", "xfail", "XPASS"
@@ -36,7 +36,7 @@ FAILING = (FAIL, XPASS)
 class ExpectedFailure(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    backend: str = Field(description="A registered backend name (portable_spec.backends.BACKENDS).")
+    backend: str = Field(description="A registered backend name (portable_spec.core.backends.BACKENDS).")
     check: str = Field(description="fnmatch pattern over check ids, e.g. 'e2e/sampled_tiny/*'.")
     reason: str = Field(min_length=10, description="Why it fails and what would fix it (or the issue tracking it).")
 

@@ -14,10 +14,10 @@ from typing import TypeVar
 
 import torch
 
-from portable_spec import fixtures
-from portable_spec.backends import ReferenceBackend
-from portable_spec.spec import VARIANT_KINDS
-from portable_spec.testing import tiny_drafter, tiny_target
+from portable_spec.core import fixtures
+from portable_spec.core.backends import ReferenceBackend
+from portable_spec.core.spec import VARIANT_KINDS
+from portable_spec.core.testing import tiny_drafter, tiny_target
 
 T = TypeVar("T")
 

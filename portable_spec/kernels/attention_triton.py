@@ -1,12 +1,12 @@
 """Drafter attention for one block per request, fused: injected context KV + block KV, causal or full block mask.
 
-Twin: portable_spec.attention.injected_attention with block_attention_mask. One program per
+Twin: portable_spec.core.attention.injected_attention with block_attention_mask. One program per
 (request, kv head, context split) holds all `groups * k` query rows of that kv head, so each K/V tile is read
 once for the whole GQA group (the drafter's k queries are few: this is decode-shaped, memory-bound attention).
 Context validity (holes from rejected slots) is a [B, T] mask read per tile; the k block keys/values are read
 by the last split. With several splits (long context, few heads), partial softmax states are merged by a
 second small kernel (flash-decoding). Softmax is online in fp32 (exp2); P @ V runs in tf32 for 16-bit inputs
-(P keeps 10 mantissa bits, V is exact) and in IEEE fp32 for fp32 inputs. Import only through portable_spec.dispatch.
+(P keeps 10 mantissa bits, V is exact) and in IEEE fp32 for fp32 inputs. Import only through portable_spec.core.dispatch.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def injected_attention_triton(
     num_splits: int | None = None,  # context splits per (request, kv head); None = enough to fill the device
     block_t: int = 64,
 ) -> torch.Tensor:  # [B, H, k, d]
-    """Launch the fused attention; same contract as the torch twin in portable_spec.dispatch.attention_reference."""
+    """Launch the fused attention; same contract as the torch twin in portable_spec.core.dispatch.attention_reference."""
     batch, heads, k, d = q.shape
     kv_heads, ctx_len = context_k.shape[1], context_k.shape[2]
     groups = heads // kv_heads

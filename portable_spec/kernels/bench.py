@@ -18,10 +18,10 @@ from typing import Callable
 
 import torch
 
-from portable_spec.noise import VerifyNoise
-from portable_spec.sampling import SamplingBatch, SamplingParams, target_probs
+from portable_spec.core.noise import VerifyNoise
+from portable_spec.core.sampling import SamplingBatch, SamplingParams, target_probs
 
-from portable_spec import dispatch
+from portable_spec.core import dispatch
 
 
 @dataclass
@@ -110,7 +110,7 @@ def run_kernel_bench(repeats: int = 5, interpret: bool = False) -> int:
 
 
 def _bench_cuda() -> int:
-    from . import attention_triton, verify_triton
+    from portable_spec.kernels import attention_triton, verify_triton
 
     props = torch.cuda.get_device_properties(0)
     peak = _peak_gbps()
@@ -163,7 +163,7 @@ def _interpreter_check() -> int:
 
 def interpreter_check() -> int:
     """Run the kernels once in the interpreter on small shapes; report equality with the twins, not time."""
-    from . import verify_triton
+    from portable_spec.kernels import verify_triton
 
     if not verify_triton.INTERPRETED:
         print("interpreter check needs TRITON_INTERPRET=1 before triton's first import")

@@ -1,12 +1,12 @@
-"""Fused verification over a block: one Triton program per request. Twin: portable_spec.verify.verify.
+"""Fused verification over a block: one Triton program per request. Twin: portable_spec.core.verify.verify.
 
-Given p (from portable_spec.sampling.target_probs, computed outside), the kernel runs the acceptance test
+Given p (from portable_spec.core.sampling.target_probs, computed outside), the kernel runs the acceptance test
 on the n draft slots, finds accepted_len, and samples the recovered/bonus token with the exponential race
 over the one vocab row it needs, reading p, q and the noise of that row once. Every operation is the
 reference's, in the same precision: u * q <= p, clamp(p - q, 0), -log(u), an IEEE-rounded division and a
 first-index argmax in which NaN wins (torch.argmax semantics). On CUDA the log is libdevice's __nv_logf,
 the function torch's CUDA log calls, so tokens are identical to the reference on the same device.
-Import only through portable_spec.dispatch: importing this module imports triton.
+Import only through portable_spec.core.dispatch: importing this module imports triton.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.language.extra import libdevice
 
-from portable_spec.noise import VerifyNoise
-from portable_spec.verify import VerifyResult
+from portable_spec.core.noise import VerifyNoise
+from portable_spec.core.verify import VerifyResult
 
 
 @triton.jit

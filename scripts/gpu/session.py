@@ -148,12 +148,12 @@ def build_own_wheel(repo: Path, dest: Path) -> None:
 
 def prepare_prompts(work: Path, data: Path | None, num_prompts: int | None) -> None:
     """The train split's chat prompts, tokenized here (the device has neither ShareGPT nor the GGUF tokenizer)."""
-    from portable_spec.outputs import claim_work_dir
-    from portable_spec.real_target import fetch_target
-    from portable_spec.recipe import RecipeConfig
-    from portable_spec.recipe import prepare_prompts as recipe_prompts
-    from portable_spec.sharegpt import sharegpt_path
-    from portable_spec.target_checks import load_tokenizer
+    from portable_spec.core.outputs import claim_work_dir
+    from portable_spec.core.real_target import fetch_target
+    from portable_spec.training.recipe import RecipeConfig
+    from portable_spec.training.recipe import prepare_prompts as recipe_prompts
+    from portable_spec.training.sharegpt import sharegpt_path
+    from portable_spec.core.target_checks import load_tokenizer
 
     tokenizer = load_tokenizer(fetch_target("smollm2"))
     recipe = RecipeConfig(kind="depth_causal", num_prompts=num_prompts or 10**6)
@@ -340,8 +340,8 @@ class DeviceRun:
         import torch
         from safetensors.torch import load_file
 
-        from portable_spec.checkpoint import save_drafter
-        from portable_spec.spec import read_config
+        from portable_spec.core.checkpoint import save_drafter
+        from portable_spec.core.spec import read_config
 
         manifest = {}
         for kind in KINDS:
@@ -402,7 +402,7 @@ def collect(files_at: Path, repo: Path, dest: Path, install: bool) -> dict:
 def ship(repo: Path, dest: Path, manifest: dict) -> None:
     """The GPU-trained drafters replace the shipped ones (same kinds, shapes and target); tables and curves go to
     docs/benchmarks/gpu/; MANIFEST.json records steps and seconds."""
-    from portable_spec.drafter import load_drafter
+    from portable_spec.core.drafter import load_drafter
 
     assets, docs = repo / "portable_spec/assets/smollm2", repo / "docs/benchmarks/gpu"
     record = json.loads((assets / "MANIFEST.json").read_text())

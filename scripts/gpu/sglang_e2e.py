@@ -30,9 +30,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from portable_spec.adapters.sglang.validate import ALGORITHM, check_servable, check_sglang_version, portable_config_of  # noqa: E402
-from portable_spec import fixtures  # noqa: E402
-from portable_spec.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
-from portable_spec.target import TargetModel  # noqa: E402
+from portable_spec.core import fixtures  # noqa: E402
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
+from portable_spec.core.target import TargetModel  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):", "The three laws of thermodynamics are", "import os\nimport sys\n\ndef main():",
            "Write a haiku about the sea.", "class Stack:\n    def __init__(self):", "SELECT name FROM users WHERE",

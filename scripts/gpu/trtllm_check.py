@@ -31,14 +31,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from portable_spec import fixtures, real_assets  # noqa: E402
+from portable_spec.core import fixtures, real_assets  # noqa: E402
 from portable_spec.adapters.onnx import OnnxProposer  # noqa: E402
 from portable_spec.adapters.onnx_export import INPUT_NAMES, OUTPUT_NAME, GraphMetadata  # noqa: E402
 from portable_spec.adapters.tensorrt_llm import MANIFEST_FILE, ExportRequest, export_trtllm  # noqa: E402
 from portable_spec.adapters.tensorrt_llm.plugin import register  # noqa: E402
-from portable_spec.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
-from portable_spec.spec import SpecError  # noqa: E402
-from portable_spec.target import TargetModel  # noqa: E402
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
+from portable_spec.core.spec import SpecError  # noqa: E402
+from portable_spec.core.target import TargetModel  # noqa: E402
 
 PROMPTS = ["def fibonacci(n):", "The three laws of thermodynamics are", "import os\nimport sys\n\ndef main():"]
 ENGINE_TOLERANCE = 1e-3

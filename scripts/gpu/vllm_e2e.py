@@ -27,10 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from portable_spec import fixtures, real_assets  # noqa: E402
-from portable_spec.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
-from portable_spec.spec import read_config  # noqa: E402
-from portable_spec.target import TargetModel  # noqa: E402
+from portable_spec.core import fixtures, real_assets  # noqa: E402
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
+from portable_spec.core.spec import read_config  # noqa: E402
+from portable_spec.core.target import TargetModel  # noqa: E402
 from portable_spec.adapters.vllm.llm_api import generate_token_ids as _generate, spec_decode_counters as _spec_counters  # noqa: E402
 
 

@@ -9,7 +9,7 @@ from functools import cache
 
 import pytest
 
-from portable_spec.backends import backend_names
+from portable_spec.core.backends import backend_names
 
 from portable_spec.conformance.checks import all_checks
 from portable_spec.conformance.runner import (FAIL, INHERITS, SKIP, SPEC, XFAIL, XPASS, ResolvedBackend,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from portable_spec import cli
-from portable_spec.backends import BACKENDS
+from portable_spec.core.backends import BACKENDS
 
 from portable_spec.conformance.checks import all_checks
-from portable_spec.backends import ReferenceBackend
+from portable_spec.core.backends import ReferenceBackend
 from portable_spec.conformance.runner import (FAIL, INHERITS, PASS, SKIP, SPEC, XFAIL, XPASS, ExpectedFailures,
                                               format_report, resolve_backend, run_check)
-from .toy_backends import (EchoReferenceBackend, GlobalRngBackend, LayerShiftBackend, OffByOneBackend,
+from tests.conformance.toy_backends import (EchoReferenceBackend, GlobalRngBackend, LayerShiftBackend, OffByOneBackend,
                            ToyVerifierBackend, UnavailableBackend, ZeroQBackend)
 
 CHECKS = {check.id: check for check in all_checks()}

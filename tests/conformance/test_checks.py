@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from portable_spec import fixtures
+from portable_spec.core import fixtures
 
 from portable_spec.conformance.checks import all_checks
 from portable_spec.conformance.runner import PASS, SKIP, ExpectedFailures, resolve_backend, run_check

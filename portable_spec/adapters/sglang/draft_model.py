@@ -12,10 +12,10 @@ from __future__ import annotations
 import torch
 from sglang.srt.models.dflash import DFlashDecoderLayer, DFlashDraftModel
 
-from portable_spec.drafter_layers import ShiftMix
-from portable_spec.spec import SpecError
+from portable_spec.core.drafter_layers import ShiftMix
+from portable_spec.core.spec import SpecError
 
-from .validate import DEPTH_CAUSAL_ARCHITECTURE
+from portable_spec.adapters.sglang.validate import DEPTH_CAUSAL_ARCHITECTURE
 
 
 class DepthCausalDecoderLayer(DFlashDecoderLayer):

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 
-from portable_spec.spec import SpecError
-from portable_spec.variants import behaviour_of
+from portable_spec.core.spec import SpecError
+from portable_spec.core.variants import behaviour_of
 
-from .validate import (
+from portable_spec.adapters.sglang.validate import (
     check_algorithm,
     check_servable,
     check_sglang_version,
@@ -78,10 +78,10 @@ def serve_portable_worker(worker_cls, algorithm, server_args):
     if config is None:
         return None
     if not behaviour_of(config.kind).engine_native:  # SGLang's own DFlash class runs a native one
-        from .draft_model import register_architecture
+        from portable_spec.adapters.sglang.draft_model import register_architecture
 
         register_architecture()
-    from .worker import DFlashWorkerV2, PortableSpecDFlashWorker
+    from portable_spec.adapters.sglang.worker import DFlashWorkerV2, PortableSpecDFlashWorker
 
     if worker_cls is DFlashWorkerV2:
         return PortableSpecDFlashWorker
@@ -103,7 +103,7 @@ def _check_target_shapes(config, args, source: str) -> None:
     """Launcher-time binding check from the target's config.json (weights are compared later, in the worker)."""
     from sglang.srt.utils.hf_transformers_utils import get_config
 
-    from portable_spec.binding import check_target_matches
+    from portable_spec.core.binding import check_target_matches
 
     try:
         target = get_config(args.model_path, trust_remote_code=args.trust_remote_code, revision=args.revision)

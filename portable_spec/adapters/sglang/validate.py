@@ -12,13 +12,13 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from portable_spec.binding import check_target_matches, target_fingerprint
-from portable_spec.checkpoint import WEIGHTS_FILE
-from portable_spec.drafter import check_weight_shapes
-from portable_spec.spec import DepthCausalVariant, DrafterConfig, SpecError
-from portable_spec.variants import behaviour_of
+from portable_spec.core.binding import check_target_matches, target_fingerprint
+from portable_spec.core.checkpoint import WEIGHTS_FILE
+from portable_spec.core.drafter import check_weight_shapes
+from portable_spec.core.spec import DepthCausalVariant, DrafterConfig, SpecError
+from portable_spec.core.variants import behaviour_of
 
-from .. import shared_validate
+from portable_spec.adapters import shared_validate
 
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 ALGORITHM = "DFLASH"  # the SGLang algorithm that serves portable-spec drafters

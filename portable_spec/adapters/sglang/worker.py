@@ -12,9 +12,9 @@ import logging
 from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from portable_spec.spec import DrafterConfig
+from portable_spec.core.spec import DrafterConfig
 
-from .validate import check_served_target, portable_config_of
+from portable_spec.adapters.sglang.validate import check_served_target, portable_config_of
 
 logger = logging.getLogger(__name__)
 

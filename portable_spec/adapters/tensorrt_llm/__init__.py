@@ -6,7 +6,7 @@ turns TensorRT-LLM's DFlash drafter into the depth_causal one; `plugin.register`
 draft-model builder registry. Importing this package imports no TensorRT-LLM.
 """
 
-from .export import (
+from portable_spec.adapters.tensorrt_llm.export import (
     DFLASH_MIN_VERSION, DRAFT_DIR, IN_LOOP_MIN_VERSION, LLM_API_OPTIONS_FILE, MANIFEST_FILE, MODULE_DIR,
     DFlashSpeculativeConfig, ExportRequest, dflash_weights, export_for_trtllm, export_trtllm,
     installed_trtllm_version, parse_version, validate_speculative_config,

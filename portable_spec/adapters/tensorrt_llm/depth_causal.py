@@ -23,8 +23,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from portable_spec.drafter_layers import ShiftMix
-from portable_spec.spec import SpecError
+from portable_spec.core.drafter_layers import ShiftMix
+from portable_spec.core.spec import SpecError
 
 SHIFT_MIX_WEIGHT = re.compile(r"^layers\.(\d+)\.shift_mix\.weight$")  # the core drafter's names, exported as is
 

@@ -26,16 +26,16 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors.torch import save_file
 
-from portable_spec.outputs import check_output_dir, write_dir_atomically
-from portable_spec.drafter import Drafter
-from portable_spec.spec import SpecError, read_config
-from portable_spec.target import TargetModel
-from portable_spec.variants import behaviour_of
+from portable_spec.core.outputs import check_output_dir, write_dir_atomically
+from portable_spec.core.drafter import Drafter
+from portable_spec.core.spec import SpecError, read_config
+from portable_spec.core.target import TargetModel
+from portable_spec.core.variants import behaviour_of
 
-from ..shared_validate import refuse_reduced_vocabulary
+from portable_spec.adapters.shared_validate import refuse_reduced_vocabulary
 
-from ..onnx_export import DEFAULT_OPSET, INPUT_NAMES, bind_for_export, check_block_size, check_opset, write_graph_files
-from .depth_causal import SHIFT_MIX_WEIGHT
+from portable_spec.adapters.onnx_export import DEFAULT_OPSET, INPUT_NAMES, bind_for_export, check_block_size, check_opset, write_graph_files
+from portable_spec.adapters.tensorrt_llm.depth_causal import SHIFT_MIX_WEIGHT
 
 MANIFEST_FILE = "trtllm.json"
 DRAFT_DIR = "draft"  # the DFlash HF checkpoint inside the dflash route's output

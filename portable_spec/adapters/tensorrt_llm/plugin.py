@@ -14,11 +14,11 @@ before `LLM(...)`. Importing this module imports no TensorRT-LLM; `register()` d
 
 from __future__ import annotations
 
-from portable_spec.spec import SpecError
-from portable_spec.variants import behaviour_of
+from portable_spec.core.spec import SpecError
+from portable_spec.core.variants import behaviour_of
 
-from .depth_causal import DepthCausalDFlashMixin
-from .export import installed_trtllm_version
+from portable_spec.adapters.tensorrt_llm.depth_causal import DepthCausalDFlashMixin
+from portable_spec.adapters.tensorrt_llm.export import installed_trtllm_version
 
 REGISTRY = "tensorrt_llm._torch.models.modeling_utils.register_draft_model"
 FALLBACK = ("fallback: `portable-spec export trtllm DRAFTER OUT --target TARGET --route onnx` (a TensorRT drafter "

@@ -16,10 +16,10 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from portable_spec.backends import Backend
+from portable_spec.core.backends import Backend
 
-from ..shared_validate import ENGINE_KINDS
-from .llm_api import generate_token_ids, in_process_llm, installed_vllm
+from portable_spec.adapters.shared_validate import ENGINE_KINDS
+from portable_spec.adapters.vllm.llm_api import generate_token_ids, in_process_llm, installed_vllm
 
 ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, seed=0, kv_cache_memory_bytes=256 << 20,
                    skip_tokenizer_init=True)  # fp32: greedy equality with the reference is exact only there

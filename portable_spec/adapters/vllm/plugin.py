@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import logging
 
-from .cpu_fixes import apply_cpu_fixes
-from .validate import (
+from portable_spec.adapters.vllm.cpu_fixes import apply_cpu_fixes
+from portable_spec.adapters.vllm.validate import (
     AUTOREGRESSIVE_ARCHITECTURES,
     DEPTH_CAUSAL_ARCHITECTURE,
     PARALLEL_ARCHITECTURE,

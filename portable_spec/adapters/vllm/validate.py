@@ -6,17 +6,17 @@ so it is portable-spec's `num_draft_tokens`.
 
 from __future__ import annotations
 
-from portable_spec.drafter import expected_weight_shapes
-from portable_spec.spec import (
+from portable_spec.core.drafter import expected_weight_shapes
+from portable_spec.core.spec import (
     AutoregressiveVariant,
     DepthCausalVariant,
     DrafterConfig,
     ParallelVariant,
     SpecError,
 )
-from portable_spec.variants import behaviour_of
+from portable_spec.core.variants import behaviour_of
 
-from .. import shared_validate
+from portable_spec.adapters import shared_validate
 
 # major.minor: the adapter subclasses qwen3_dflash internals (DFlashQwen3ForCausalLM.model_cls,
 # DFlashQwen3Model.decoder_layer_cls, DFlashQwen3DecoderLayer.forward(positions, hidden_states, residual),

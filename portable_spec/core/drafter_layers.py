@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import BlockMask, injected_attention
-from .dispatch import attention_op
-from .spec import DrafterConfig
+from portable_spec.core.attention import BlockMask, injected_attention
+from portable_spec.core.dispatch import attention_op
+from portable_spec.core.spec import DrafterConfig
 
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .spec import SpecError
+from portable_spec.core.spec import SpecError
 
 OUTPUT_MARKER = ".portable-spec-output"  # JSON: {"kind": ..., "owner": ...}; older markers hold the kind alone
 LOCK_FILE = ".portable-spec.lock"

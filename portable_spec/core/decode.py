@@ -16,15 +16,15 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .dispatch import verify_op  # the torch twin (== verify) off CUDA, the fused Triton kernel on it
+from portable_spec.core.dispatch import verify_op  # the torch twin (== verify) off CUDA, the fused Triton kernel on it
 
-from .decode_matmul import decode_shaped_linears
-from .drafter import Drafter
-from .noise import VerifyNoise
-from .proposer import DraftProposer, TorchProposer
-from .sampling import SamplingBatch, SamplingParams
-from .spec import SpecError
-from .target import TargetModel
+from portable_spec.core.decode_matmul import decode_shaped_linears
+from portable_spec.core.drafter import Drafter
+from portable_spec.core.noise import VerifyNoise
+from portable_spec.core.proposer import DraftProposer, TorchProposer
+from portable_spec.core.sampling import SamplingBatch, SamplingParams
+from portable_spec.core.spec import SpecError
+from portable_spec.core.target import TargetModel
 
 
 class GenerationConfig(BaseModel):

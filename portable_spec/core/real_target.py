@@ -16,8 +16,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .outputs import check_output_dir, write_dir_atomically
-from .spec import SpecError
+from portable_spec.core.outputs import check_output_dir, write_dir_atomically
+from portable_spec.core.spec import SpecError
 
 MANIFEST = "portable_spec_target.json"
 

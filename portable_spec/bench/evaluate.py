@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from .baselines import hf_generate
-from .decode import GenerationConfig, SpeculativeDecoder
-from .drafter import Drafter
-from .target import TargetModel
+from portable_spec.bench.baselines import hf_generate
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.drafter import Drafter
+from portable_spec.core.target import TargetModel
 
 PLAIN = "plain greedy (same loop, no drafter)"
 

@@ -22,8 +22,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from .outputs import write_file_atomically
-from .spec import SpecError, read_json_object
+from portable_spec.core.outputs import write_file_atomically
+from portable_spec.core.spec import SpecError, read_json_object
 
 Generator = Literal["auto", "vllm", "hf"]
 

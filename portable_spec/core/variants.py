@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .spec import VARIANT_KINDS, SpecError
+from portable_spec.core.spec import VARIANT_KINDS, SpecError
 
 
 @dataclass(frozen=True)

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import torch
 
-from .distill_data import Generator, generate_replies, load_sequences
-from .feature_cache import FeatureDataset, cache_features
-from .outputs import data_lock, locked, training_lock
-from .prompts import chat_prompt_split, read_prompts, write_prompts
-from .spec import DrafterConfig, SpecError
-from .target import TargetModel
-from .train import TrainConfig, drafter_config_for, train_loop
+from portable_spec.training.distill_data import Generator, generate_replies, load_sequences
+from portable_spec.training.feature_cache import FeatureDataset, cache_features
+from portable_spec.core.outputs import data_lock, locked, training_lock
+from portable_spec.training.prompts import chat_prompt_split, read_prompts, write_prompts
+from portable_spec.core.spec import DrafterConfig, SpecError
+from portable_spec.core.target import TargetModel
+from portable_spec.training.train import TrainConfig, drafter_config_for, train_loop
 
 
 def dflash_target_layer_ids(num_target_layers: int, num_feature_layers: int) -> list[int]:

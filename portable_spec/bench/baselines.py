@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .decode import synchronize
-from .target import TargetModel
+from portable_spec.core.decode import synchronize
+from portable_spec.core.target import TargetModel
 
 
 @dataclass

@@ -13,12 +13,12 @@ from typing import ClassVar
 
 import torch
 
-from .decode import GenerationConfig, SpeculativeDecoder
-from .noise import VerifyNoise
-from .sampling import SamplingBatch
-from .spec import VARIANT_KINDS, SpecError
-from .target import TargetModel
-from .verify import VerifyResult, verify
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.noise import VerifyNoise
+from portable_spec.core.sampling import SamplingBatch
+from portable_spec.core.spec import VARIANT_KINDS, SpecError
+from portable_spec.core.target import TargetModel
+from portable_spec.core.verify import VerifyResult, verify
 
 
 class Backend(ABC):

@@ -9,9 +9,9 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from .spec import VARIANT_KINDS, SpecError
+from portable_spec.core.spec import VARIANT_KINDS, SpecError
 
-ASSETS = Path(__file__).parent / "assets"
+ASSETS = Path(__file__).parents[1] / "assets"  # portable_spec/assets
 
 
 def target_dir() -> Path:

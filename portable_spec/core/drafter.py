@@ -12,11 +12,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import load_drafter_files, save_drafter
-from .attention import BlockMask, within_block_mask
-from .drafter_layers import DrafterLayer, rotary_cos_sin
-from .spec import DrafterConfig, SpecError
-from .variants import behaviour_of
+from portable_spec.core.checkpoint import load_drafter_files, save_drafter
+from portable_spec.core.attention import BlockMask, within_block_mask
+from portable_spec.core.drafter_layers import DrafterLayer, rotary_cos_sin
+from portable_spec.core.spec import DrafterConfig, SpecError
+from portable_spec.core.variants import behaviour_of
 
 ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v), each [B, kv_heads, T, head_dim]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .sharegpt import Prompt, chat_prompt_ids, first_human_turns, split_prompts
-from .spec import SpecError
+from portable_spec.training.sharegpt import Prompt, chat_prompt_ids, first_human_turns, split_prompts
+from portable_spec.core.spec import SpecError
 
 
 def tokenized(tokenizer, prompts: list[Prompt], max_prompt_tokens: int, limit: int | None = None) -> list[dict]:

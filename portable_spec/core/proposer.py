@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 import torch
 
-from .drafter import Drafter
-from .spec import DrafterConfig
+from portable_spec.core.drafter import Drafter
+from portable_spec.core.spec import DrafterConfig
 
 
 class DraftProposer(Protocol):

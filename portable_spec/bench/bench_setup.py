@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from . import fixtures, real_assets
-from .drafter import Drafter
-from .spec import VARIANT_KINDS
-from .target import TargetModel
+from portable_spec.core import fixtures, real_assets
+from portable_spec.core.drafter import Drafter
+from portable_spec.core.spec import VARIANT_KINDS
+from portable_spec.core.target import TargetModel
 
 TARGET_CHOICES = ("smollm2", "fixture")
 
@@ -44,7 +44,7 @@ def load_setup(which: str, kinds: tuple[str, ...] = VARIANT_KINDS, device: str =
                           f"fixture target {fixtures.target_dir()} (held-out Python stdlib prompts)")
     from transformers import AutoTokenizer
 
-    from .real_target import fetch_target
+    from portable_spec.core.real_target import fetch_target
 
     target_dir = fetch_target(which)
     target = TargetModel.load(target_dir)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .spec import VARIANT_KINDS, SpecError
+from portable_spec.core.spec import VARIANT_KINDS, SpecError
 
-ASSETS = Path(__file__).parent / "assets" / "smollm2"
+ASSETS = Path(__file__).parents[1] / "assets" / "smollm2"  # portable_spec/assets/smollm2
 
 
 def drafter_dir(kind: str) -> Path:

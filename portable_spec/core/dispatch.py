@@ -19,10 +19,10 @@ from types import ModuleType
 
 import torch
 
-from .attention import block_attention_mask, injected_attention
-from .noise import VerifyNoise
-from .sampling import SamplingBatch, target_probs
-from .verify import VerifyResult, verify
+from portable_spec.core.attention import block_attention_mask, injected_attention
+from portable_spec.core.noise import VerifyNoise
+from portable_spec.core.sampling import SamplingBatch, target_probs
+from portable_spec.core.verify import VerifyResult, verify
 
 IMPLS = ("auto", "torch", "triton")
 ENV_VAR = "PORTABLE_SPEC_KERNELS"
@@ -38,7 +38,7 @@ def verify_op(
     *,
     impl: str | None = None,
 ) -> VerifyResult:
-    """portable_spec.verify.verify, fused on CUDA: filtering (target_probs) stays torch, the rest is one kernel."""
+    """portable_spec.core.verify.verify, fused on CUDA: filtering (target_probs) stays torch, the rest is one kernel."""
     if choose_impl(target_logits, impl, kernel="verify_triton") == "torch":
         return verify(target_logits, draft_tokens, sampling, noise, draft_probs, num_drafts)
     batch, n = draft_tokens.shape

@@ -18,10 +18,10 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from .outputs import write_file_atomically
-from .distill_data import Sequences, read_shard
-from .spec import SpecError
-from .target import TargetModel
+from portable_spec.core.outputs import write_file_atomically
+from portable_spec.training.distill_data import Sequences, read_shard
+from portable_spec.core.spec import SpecError
+from portable_spec.core.target import TargetModel
 
 
 @torch.no_grad()

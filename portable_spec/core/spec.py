@@ -153,7 +153,7 @@ class DrafterConfig(_Strict):
     def engine_fields(self) -> dict[str, Any]:
         """HF/DFlash-style keys written beside ours so vLLM, SGLang and TensorRT-LLM read the same config.json
         (AutoConfig needs model_type; the engines' DFlash loaders read architectures and dflash_config)."""
-        from .variants import behaviour_of  # variants builds on this module
+        from portable_spec.core.variants import behaviour_of  # variants builds on this module
 
         return {
             "architectures": [self.variant.engine_architecture],

@@ -7,9 +7,8 @@ from pathlib import Path
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from .drafter import Drafter
-from .target import TargetModel
-from .train import drafter_config_for
+from portable_spec.core.drafter import Drafter
+from portable_spec.core.target import TargetModel, drafter_config_for
 
 TINY_TARGET = dict(vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
                    head_dim=32, intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=True)

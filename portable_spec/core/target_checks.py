@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from .spec import SpecError, read_json_object
+from portable_spec.core.spec import SpecError, read_json_object
 
 FIX = "pass a local Hugging Face causal-LM directory (config.json + weights), e.g. `portable-spec fetch-target smollm2`"
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # Qwen3ForCausalLM, LlamaForCausalLM, GPT2LMHeadModel, ...

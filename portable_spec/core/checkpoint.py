@@ -9,8 +9,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .outputs import write_dir_atomically
-from .spec import DrafterConfig, SpecError, read_config
+from portable_spec.core.outputs import write_dir_atomically
+from portable_spec.core.spec import DrafterConfig, SpecError, read_config
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .noise import VerifyNoise
-from .sampling import SamplingBatch, target_probs
+from portable_spec.core.noise import VerifyNoise
+from portable_spec.core.sampling import SamplingBatch, target_probs
 
 
 @dataclass
