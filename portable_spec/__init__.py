@@ -15,10 +15,14 @@ from __future__ import annotations
 import importlib
 
 PUBLIC = {
-    "SpeculativeDecoder": "portable_spec.core.decode", "GenerationConfig": "portable_spec.core.decode",
-    "GenerationOutput": "portable_spec.core.decode", "SamplingParams": "portable_spec.core.sampling",
-    "TargetModel": "portable_spec.core.target", "Drafter": "portable_spec.core.drafter",
-    "load_drafter": "portable_spec.core.drafter", "DrafterConfig": "portable_spec.core.spec",
+    "SpeculativeDecoder": "portable_spec.core.decode",
+    "GenerationConfig": "portable_spec.core.decode",
+    "GenerationOutput": "portable_spec.core.decode",
+    "SamplingParams": "portable_spec.core.sampling",
+    "TargetModel": "portable_spec.core.target",
+    "Drafter": "portable_spec.core.drafter",
+    "load_drafter": "portable_spec.core.drafter",
+    "DrafterConfig": "portable_spec.core.spec",
     "SpecError": "portable_spec.core.spec",
 }
 __all__ = sorted(PUBLIC)

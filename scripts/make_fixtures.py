@@ -19,14 +19,23 @@ import torch
 from tqdm import tqdm
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from portable_spec.training import data
 from portable_spec.core.outputs import write_dir_atomically
 from portable_spec.core.target import TargetModel
+from portable_spec.training import data
 from portable_spec.training.train import TrainConfig, drafter_config_for, train_drafter
 
-TARGET = dict(vocab_size=2048, hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-              head_dim=64, intermediate_size=512, max_position_embeddings=2048, tie_word_embeddings=True,
-              rope_theta=10000.0)
+TARGET = dict(
+    vocab_size=2048,
+    hidden_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    intermediate_size=512,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+    rope_theta=10000.0,
+)
 DRAFTERS = {  # kind -> layers; block 16 so the same drafter serves 3, 7 and 15 draft tokens
     "parallel": 2,
     "depth_causal": 2,
@@ -44,8 +53,14 @@ def corpus(max_train_bytes: int):
 
 def train_target(out: Path, tokenizer, stream: torch.Tensor, heldout: torch.Tensor, steps: int, log: dict) -> None:
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(**TARGET, eos_token_id=tokenizer.eos_token_id,
-                                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id))
+    model = Qwen3ForCausalLM(
+        Qwen3Config(
+            **TARGET,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.eos_token_id,
+        )
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=4e-3, weight_decay=0.01, betas=(0.9, 0.95))
     warmup, batch, seq_len = 30, 8, 256
     model.train()
@@ -77,7 +92,9 @@ def train_target(out: Path, tokenizer, stream: torch.Tensor, heldout: torch.Tens
 def heldout_prompts(heldout: torch.Tensor, tokenizer, count: int = 64, length: int = 48) -> list[dict]:
     generator = torch.Generator().manual_seed(2026)
     starts = torch.randint(0, len(heldout) - length, (count,), generator=generator).tolist()
-    return [{"ids": heldout[s : s + length].tolist(), "text": tokenizer.decode(heldout[s : s + length])} for s in starts]
+    return [
+        {"ids": heldout[s : s + length].tolist(), "text": tokenizer.decode(heldout[s : s + length])} for s in starts
+    ]
 
 
 def main() -> None:
@@ -100,6 +117,7 @@ def main() -> None:
         tokenizer = data.train_tokenizer(texts, TARGET["vocab_size"])
     else:
         from transformers import AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(args.out / "target")
     stream = data.token_stream(tokenizer, texts)
     heldout = data.token_stream(tokenizer, heldout_texts)
@@ -117,11 +135,23 @@ def main() -> None:
         mask_id = tokenizer.convert_tokens_to_ids(data.MASK)
         for kind in args.kinds:
             start = time.time()
-            config = drafter_config_for(target, kind=kind, block_size=BLOCK_SIZE, num_hidden_layers=DRAFTERS[kind],
-                                        target_layer_ids=TARGET_LAYER_IDS, mask_token_id=mask_id)
+            config = drafter_config_for(
+                target,
+                kind=kind,
+                block_size=BLOCK_SIZE,
+                num_hidden_layers=DRAFTERS[kind],
+                target_layer_ids=TARGET_LAYER_IDS,
+                mask_token_id=mask_id,
+            )
             train_config = TrainConfig(steps=args.drafter_steps, batch_size=6)
-            train_drafter(target, config, stream, train_config, args.out / "drafters" / kind,
-                          state_dir=args.out.parent / f".train-state-{kind}")
+            train_drafter(
+                target,
+                config,
+                stream,
+                train_config,
+                args.out / "drafters" / kind,
+                state_dir=args.out.parent / f".train-state-{kind}",
+            )
             log[f"{kind}_seconds"] = round(time.time() - start)
             log[f"{kind}_steps"] = args.drafter_steps
             manifest_path.write_text(json.dumps(log, indent=2) + "\n")

@@ -1,6 +1,6 @@
 """Plot the training curves `portable-spec train` logs (<work-dir>/<out>-loss.jsonl), one line per drafter.
 
-    python scripts/plot_loss_curves.py runs/smollm2/*-loss.jsonl --out docs/benchmarks/smollm2_training.png
+python scripts/plot_loss_curves.py runs/smollm2/*-loss.jsonl --out docs/benchmarks/smollm2_training.png
 """
 
 from __future__ import annotations
@@ -22,8 +22,10 @@ def read_curve(path: Path, smooth: int) -> tuple[list[int], list[float]]:
         by_step[entry["step"]] = entry["loss"]  # a resumed run logs some steps twice: the last one counts
     steps = sorted(by_step)
     losses = [by_step[s] for s in steps]
-    averaged = [sum(losses[max(0, i - smooth + 1) : i + 1]) / len(losses[max(0, i - smooth + 1) : i + 1])
-                for i in range(len(losses))]
+    averaged = [
+        sum(losses[max(0, i - smooth + 1) : i + 1]) / len(losses[max(0, i - smooth + 1) : i + 1])
+        for i in range(len(losses))
+    ]
     return steps, averaged
 
 

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file
 
 from portable_spec.core.checkpoint import save_drafter
-from portable_spec.training.distill_data import load_sequences
 from portable_spec.core.spec import VARIANT_KINDS, read_config
+from portable_spec.training.distill_data import load_sequences
 
 ASSETS = Path(__file__).resolve().parents[1] / "portable_spec" / "assets" / "smollm2"
 
@@ -27,8 +27,12 @@ def main() -> int:
     args = parser.parse_args()
     sequences = load_sequences(args.work_dir / "data", featurised_only=True)
     reply_tokens = int((sequences.offsets[1:] - sequences.offsets[:-1] - sequences.prompt_lens).sum())
-    manifest = {"train_prompts": len(sequences), "reply_tokens": reply_tokens,
-                "prompt_tokens": int(sequences.prompt_lens.sum()), "drafters": {}}
+    manifest = {
+        "train_prompts": len(sequences),
+        "reply_tokens": reply_tokens,
+        "prompt_tokens": int(sequences.prompt_lens.sum()),
+        "drafters": {},
+    }
     seconds = json.loads(args.seconds_json.read_text()) if args.seconds_json else {}
     for kind in VARIANT_KINDS:
         source = args.work_dir / "drafters" / kind
@@ -42,8 +46,10 @@ def main() -> int:
         state = json.loads((args.work_dir / f"state-{kind}" / "trainer_state.json").read_text())
         manifest["drafters"][kind] = {
             "params": sum(v.numel() for k, v in weights.items() if v.is_floating_point()),
-            "intermediate_size": config.intermediate_size, "steps": state["step"],
-            "final_loss_mean_last_50": round(sum(tail) / len(tail), 4), "train_seconds": seconds.get(kind),
+            "intermediate_size": config.intermediate_size,
+            "steps": state["step"],
+            "final_loss_mean_last_50": round(sum(tail) / len(tail), 4),
+            "train_seconds": seconds.get(kind),
         }
     (ASSETS / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(manifest, indent=1))

@@ -29,8 +29,16 @@ DEVICE_PROPERTIES = {"device": CUDA, "is_cuda": True, "is_cpu": False}
 
 
 # Reads of a tensor's values on the host (a device-to-host copy on a GPU); a CPU build's device guard refuses them.
-HOST_READS = {torch.Tensor.__bool__, torch.Tensor.__int__, torch.Tensor.__float__, torch.Tensor.__index__,
-              torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.__array__}
+HOST_READS = {
+    torch.Tensor.__bool__,
+    torch.Tensor.__int__,
+    torch.Tensor.__float__,
+    torch.Tensor.__index__,
+    torch.Tensor.item,
+    torch.Tensor.tolist,
+    torch.Tensor.numpy,
+    torch.Tensor.__array__,
+}
 
 
 class DeviceMismatch(RuntimeError):
@@ -45,8 +53,15 @@ class FakeCudaTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, real: torch.Tensor) -> "FakeCudaTensor":
         return torch.Tensor._make_wrapper_subclass(
-            cls, real.shape, strides=real.stride(), storage_offset=real.storage_offset(), dtype=real.dtype,
-            device=CUDA, requires_grad=real.requires_grad, layout=real.layout)
+            cls,
+            real.shape,
+            strides=real.stride(),
+            storage_offset=real.storage_offset(),
+            dtype=real.dtype,
+            device=CUDA,
+            requires_grad=real.requires_grad,
+            layout=real.layout,
+        )
 
     def __init__(self, real: torch.Tensor) -> None:
         self.cpu_value = real
@@ -84,8 +99,11 @@ def _move(func, tensor: torch.Tensor, args: tuple, kwargs: dict):
     positional = [a for a in args if isinstance(a, (str, torch.device, torch.Tensor))]
     device = kwargs.get("device", positional[0] if positional else None)
     if isinstance(device, torch.Tensor):  # .to(other): its device and dtype
-        args, kwargs, device = (device.dtype, *args[1:]), kwargs, (CUDA if isinstance(device, FakeCudaTensor)
-                                                                   else device.device)
+        args, kwargs, device = (
+            (device.dtype, *args[1:]),
+            kwargs,
+            (CUDA if isinstance(device, FakeCudaTensor) else device.device),
+        )
     on_cuda = _is_cuda(device) if device is not None else isinstance(tensor, FakeCudaTensor)
     args = tuple("cpu" if isinstance(a, (str, torch.device)) else a for a in args)
     kwargs = {k: ("cpu" if k == "device" else v) for k, v in kwargs.items()}

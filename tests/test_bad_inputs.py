@@ -22,8 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load, save_file
 
-from portable_spec.core import fixtures
 from portable_spec.cli import main
+from portable_spec.core import fixtures
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
 from portable_spec.core.outputs import LOCK_FILE, WORK_DIR_KIND, write_marker
 from portable_spec.core.spec import SpecError
@@ -78,8 +78,9 @@ def _api_stream_short(paths, target):
 
 def _api_stream_vocab(paths, target):
     config = target.load_drafter(paths["dc"]).config
-    train_drafter(target, config, torch.full((64,), 10**6), TrainConfig(steps=1, seq_len=32), paths["out"],
-                  progress=False)
+    train_drafter(
+        target, config, torch.full((64,), 10**6), TrainConfig(steps=1, seq_len=32), paths["out"], progress=False
+    )
 
 
 def _api_stream_float(paths, target):
@@ -90,65 +91,128 @@ def _api_stream_float(paths, target):
 def _trained_state(paths, target, kind: str) -> tuple:
     """A one-step training state under paths['state'] for `kind`, then the config asked for on resume."""
     config = target.load_drafter(paths[kind]).config
-    train_drafter(target, config, torch.arange(200) % 200, TrainConfig(steps=1, seq_len=32, anchors_per_seq=4),
-                  paths["out"] / "first", state_dir=paths["state"], progress=False)
+    train_drafter(
+        target,
+        config,
+        torch.arange(200) % 200,
+        TrainConfig(steps=1, seq_len=32, anchors_per_seq=4),
+        paths["out"] / "first",
+        state_dir=paths["state"],
+        progress=False,
+    )
     return config
 
 
 def _api_resume_other_kind(paths, target):
     _trained_state(paths, target, "dc")
     other = target.load_drafter(paths["par"]).config
-    train_drafter(target, other, torch.arange(200) % 200, TrainConfig(steps=2, seq_len=32, anchors_per_seq=4),
-                  paths["out"], state_dir=paths["state"], progress=False)
+    train_drafter(
+        target,
+        other,
+        torch.arange(200) % 200,
+        TrainConfig(steps=2, seq_len=32, anchors_per_seq=4),
+        paths["out"],
+        state_dir=paths["state"],
+        progress=False,
+    )
 
 
 def _api_resume_other_lr(paths, target):
     config = _trained_state(paths, target, "dc")
-    train_drafter(target, config, torch.arange(200) % 200,
-                  TrainConfig(steps=2, seq_len=32, anchors_per_seq=4, lr=1e-4), paths["out"], state_dir=paths["state"],
-                  progress=False)
+    train_drafter(
+        target,
+        config,
+        torch.arange(200) % 200,
+        TrainConfig(steps=2, seq_len=32, anchors_per_seq=4, lr=1e-4),
+        paths["out"],
+        state_dir=paths["state"],
+        progress=False,
+    )
 
 
 def _api_resume_corrupt(paths, target):
     config = _trained_state(paths, target, "dc")
     (paths["state"] / "trainer_state.json").write_text("{not json")
-    train_drafter(target, config, torch.arange(200) % 200, TrainConfig(steps=2, seq_len=32, anchors_per_seq=4),
-                  paths["out"], state_dir=paths["state"], progress=False)
+    train_drafter(
+        target,
+        config,
+        torch.arange(200) % 200,
+        TrainConfig(steps=2, seq_len=32, anchors_per_seq=4),
+        paths["out"],
+        state_dir=paths["state"],
+        progress=False,
+    )
 
 
 def _api_seq_len(paths, target):
     config = target.load_drafter(paths["dc"]).config
-    train_drafter(target, config, torch.arange(200) % 200, TrainConfig(steps=1, seq_len=16), paths["out"],
-                  progress=False)
+    train_drafter(
+        target, config, torch.arange(200) % 200, TrainConfig(steps=1, seq_len=16), paths["out"], progress=False
+    )
 
 
 EXPORT_ONNX = ("export", "onnx", "{dc}")
 EXPORT_TRT = ("export", "trtllm", "{par}")
-TRAIN = ("train", "--target", "{target}", "--kind", "parallel", "--out", "{out}", "--work-dir", "{out}-work",
-         "--data", "{file}")
+TRAIN = (
+    "train",
+    "--target",
+    "{target}",
+    "--kind",
+    "parallel",
+    "--out",
+    "{out}",
+    "--work-dir",
+    "{out}-work",
+    "--data",
+    "{file}",
+)
 
 CASES = [
     # -- targets --------------------------------------------------------------------------------------------
     Case("generate --target MISSING_DIR", gen()[:3] + ("{missing}",), expect=r"target=.*missing: not found"),
     Case("generate --target A_FILE", gen()[:3] + ("{file}",), expect=r"target=.*: is a file"),
-    Case("generate --target DIR_WITH_BAD_CONFIG_JSON", gen()[:3] + ("{bad_json_target}",),
-         expect=r"config\.json: not valid JSON"),
-    Case("generate --target DIR_WITHOUT_WEIGHTS", gen()[:3] + ("{no_weights_target}",),
-         expect=r"target=.*: transformers could not load it"),
+    Case(
+        "generate --target DIR_WITH_BAD_CONFIG_JSON",
+        gen()[:3] + ("{bad_json_target}",),
+        expect=r"config\.json: not valid JSON",
+    ),
+    Case(
+        "generate --target DIR_WITHOUT_WEIGHTS",
+        gen()[:3] + ("{no_weights_target}",),
+        expect=r"target=.*: transformers could not load it",
+    ),
     Case("generate --target DRAFTER_DIR", gen()[:3] + ("{dc}",), expect=r"is a portable-spec drafter checkpoint"),
-    Case("generate --target TARGET_WITH_100000_LAYERS", gen()[:3] + ("{huge_target}",),
-         expect=r"num_hidden_layers=100000 is outside \[1, 1024\]"),
-    Case("generate --target TARGET_WITH_VOCAB_SIZE_-5", gen()[:3] + ("{negative_vocab_target}",),
-         expect=r"vocab_size=-5 is outside"),
-    Case("generate --target TARGET_WITH_ROPE_THETA_INFINITY", gen()[:3] + ("{infinite_rope_target}",),
-         expect=r"rope_theta=inf must be a finite positive number"),
-    Case("generate --target WEIGHTS_HEADER_CLAIMING_4_TIB", gen()[:3] + ("{huge_header_target}",),
-         expect=r"target=.*: transformers could not load it \(Error while deserializing header"),
+    Case(
+        "generate --target TARGET_WITH_100000_LAYERS",
+        gen()[:3] + ("{huge_target}",),
+        expect=r"num_hidden_layers=100000 is outside \[1, 1024\]",
+    ),
+    Case(
+        "generate --target TARGET_WITH_VOCAB_SIZE_-5",
+        gen()[:3] + ("{negative_vocab_target}",),
+        expect=r"vocab_size=-5 is outside",
+    ),
+    Case(
+        "generate --target TARGET_WITH_ROPE_THETA_INFINITY",
+        gen()[:3] + ("{infinite_rope_target}",),
+        expect=r"rope_theta=inf must be a finite positive number",
+    ),
+    Case(
+        "generate --target WEIGHTS_HEADER_CLAIMING_4_TIB",
+        gen()[:3] + ("{huge_header_target}",),
+        expect=r"target=.*: transformers could not load it \(Error while deserializing header",
+    ),
     Case("generate --target SYMLINK_LOOP", gen()[:3] + ("{loop}",), expect=r"a broken symlink or a symlink loop"),
-    Case("generate --target BERT_DIR (encoder-only)", gen()[:3] + ("{bert}",),
-         expect=r"architectures=\['BertForMaskedLM'\] is not a decoder-only causal LM"),
-    Case("generate --target TARGET_WITH_A_MISSING_WEIGHT", gen()[:3] + ("{partial_target}",),
-         expect=r"weights do not match its config \(missing_keys: \['model\.norm\.weight'\]"),
+    Case(
+        "generate --target BERT_DIR (encoder-only)",
+        gen()[:3] + ("{bert}",),
+        expect=r"architectures=\['BertForMaskedLM'\] is not a decoder-only causal LM",
+    ),
+    Case(
+        "generate --target TARGET_WITH_A_MISSING_WEIGHT",
+        gen()[:3] + ("{partial_target}",),
+        expect=r"weights do not match its config \(missing_keys: \['model\.norm\.weight'\]",
+    ),
     # -- sampling and generation options (refused before any model loads) ------------------------------------
     Case("generate --temperature -1", gen("--temperature", "-1"), expect=r"sampling\.temperature=-1\.0"),
     Case("generate --temperature nan", gen("--temperature", "nan"), expect=r"sampling\.temperature=nan"),
@@ -161,116 +225,220 @@ CASES = [
     Case("generate --seed -1", gen("--seed", "-1"), expect=r"seed=-1"),
     Case("generate --seed 2**64", gen("--seed", str(2**64)), expect=r"seed=18446744073709551616"),
     Case("generate --draft-confidence 1", gen("--draft-confidence", "1"), expect=r"draft_confidence=1\.0"),
-    Case("generate --drafter D --num-draft-tokens 0", gen("--drafter", "{dc}", "--num-draft-tokens", "0"),
-         expect=r"num_draft_tokens=0"),
-    Case("generate --drafter D --num-draft-tokens 99 (block 16)", gen("--drafter", "{dc}", "--num-draft-tokens", "99"),
-         expect=r"num_draft_tokens=99 does not fit block_size=16"),
+    Case(
+        "generate --drafter D --num-draft-tokens 0",
+        gen("--drafter", "{dc}", "--num-draft-tokens", "0"),
+        expect=r"num_draft_tokens=0",
+    ),
+    Case(
+        "generate --drafter D --num-draft-tokens 99 (block 16)",
+        gen("--drafter", "{dc}", "--num-draft-tokens", "99"),
+        expect=r"num_draft_tokens=99 does not fit block_size=16",
+    ),
     Case("generate ''  (empty prompt)", ("generate", "", "--target", "{target}"), expect=r"prompt='':"),
     # -- drafter checkpoints -----------------------------------------------------------------------------------
     Case("generate --drafter MISSING_DIR", gen("--drafter", "{missing}"), expect=r"missing: not found"),
-    Case("generate --drafter DIR_WITH_BAD_CONFIG_JSON", gen("--drafter", "{bad_json_drafter}"),
-         expect=r"config\.json: not valid JSON"),
-    Case("generate --drafter DIR_WHOSE_config.json_IS_A_DIRECTORY", gen("--drafter", "{config_dir_drafter}"),
-         expect=r"config\.json: is a directory"),
-    Case("generate --drafter DIR_WHOSE_model.safetensors_IS_A_DIRECTORY", gen("--drafter", "{weights_dir_drafter}"),
-         expect=r"model\.safetensors: is a directory"),
-    Case("generate --drafter TRUNCATED_model.safetensors", gen("--drafter", "{truncated_drafter}"),
-         expect=r"model\.safetensors: not a readable safetensors file"),
-    Case("generate --drafter PICKLE_SAVED_AS_model.safetensors", gen("--drafter", "{pickle_drafter}"),
-         expect=r"model\.safetensors: not a readable safetensors file .*pickles are never loaded"),
-    Case("generate --drafter DRAFTER_OF_ANOTHER_TARGET", gen("--drafter", "{foreign_drafter}"),
-         expect=r"fingerprint|trained for"),
+    Case(
+        "generate --drafter DIR_WITH_BAD_CONFIG_JSON",
+        gen("--drafter", "{bad_json_drafter}"),
+        expect=r"config\.json: not valid JSON",
+    ),
+    Case(
+        "generate --drafter DIR_WHOSE_config.json_IS_A_DIRECTORY",
+        gen("--drafter", "{config_dir_drafter}"),
+        expect=r"config\.json: is a directory",
+    ),
+    Case(
+        "generate --drafter DIR_WHOSE_model.safetensors_IS_A_DIRECTORY",
+        gen("--drafter", "{weights_dir_drafter}"),
+        expect=r"model\.safetensors: is a directory",
+    ),
+    Case(
+        "generate --drafter TRUNCATED_model.safetensors",
+        gen("--drafter", "{truncated_drafter}"),
+        expect=r"model\.safetensors: not a readable safetensors file",
+    ),
+    Case(
+        "generate --drafter PICKLE_SAVED_AS_model.safetensors",
+        gen("--drafter", "{pickle_drafter}"),
+        expect=r"model\.safetensors: not a readable safetensors file .*pickles are never loaded",
+    ),
+    Case(
+        "generate --drafter DRAFTER_OF_ANOTHER_TARGET",
+        gen("--drafter", "{foreign_drafter}"),
+        expect=r"fingerprint|trained for",
+    ),
     Case("check DRAFTER_WITH_NAN_WEIGHTS", ("check", "{nan_drafter}"), expect=r"non-finite values .*fc\.weight"),
     Case("check DRAFTER_WITH_FLOAT64_WEIGHTS", ("check", "{f64_drafter}"), expect=r"unexpected dtypes .*float64"),
     Case("check MISSING_DIR", ("check", "{missing}"), expect=r"missing: not found"),
     # -- output directories ---------------------------------------------------------------------------------------
-    Case("export onnx D D  (output = the drafter)", EXPORT_ONNX + ("{dc}", "--target", "{target}"),
-         expect=r"output .* is the input"),
-    Case("export onnx D TARGET/sub  (output inside the target)", EXPORT_ONNX + ("{target}/sub", "--target", "{target}"),
-         expect=r"output .*sub is inside the input"),
-    Case("export onnx D NON_EMPTY_USER_DIR", EXPORT_ONNX + ("{user}", "--target", "{target}"),
-         expect=r"output .* is not empty and holds files portable-spec did not write"),
+    Case(
+        "export onnx D D  (output = the drafter)",
+        EXPORT_ONNX + ("{dc}", "--target", "{target}"),
+        expect=r"output .* is the input",
+    ),
+    Case(
+        "export onnx D TARGET/sub  (output inside the target)",
+        EXPORT_ONNX + ("{target}/sub", "--target", "{target}"),
+        expect=r"output .*sub is inside the input",
+    ),
+    Case(
+        "export onnx D NON_EMPTY_USER_DIR",
+        EXPORT_ONNX + ("{user}", "--target", "{target}"),
+        expect=r"output .* is not empty and holds files portable-spec did not write",
+    ),
     Case("export onnx D A_FILE", EXPORT_ONNX + ("{file}", "--target", "{target}"), expect=r"output .* is a file"),
-    Case("export onnx D OUT --opset 5", EXPORT_ONNX + ("{out}", "--target", "{target}", "--opset", "5"),
-         expect=r"opset"),
-    Case("export trtllm P TARGET --target TARGET", EXPORT_TRT + ("{target}", "--target", "{target}",
-                                                                  "--trtllm-version", "1.3.0"),
-         expect=r"output .* is the input"),
-    Case("export trtllm P OUT --num-draft-tokens 0", EXPORT_TRT + ("{out}", "--target", "{target}",
-                                                                    "--trtllm-version", "1.3.0",
-                                                                    "--num-draft-tokens", "0"),
-         expect=r"num_draft_tokens=0"),
-    Case("export trtllm P OUT --trtllm-version banana", EXPORT_TRT + ("{out}", "--target", "{target}",
-                                                                       "--trtllm-version", "banana"),
-         expect=r"trtllm_version='banana' is not a version"),
-    Case("export trtllm DEPTH_CAUSAL OUT --trtllm-version 1.3.0", ("export", "trtllm", "{dc}", "{out}", "--target",
-                                                                  "{target}", "--trtllm-version", "1.3.0"),
-         expect=r"needs TensorRT-LLM >= 1\.4 .*found 1\.3\.0"),
-    Case("bench decode --out A_FILE", ("bench", "decode", "--target", "fixture", "--out", "{file}"),
-         expect=r"output .* is a file; pass a directory path"),
+    Case(
+        "export onnx D OUT --opset 5", EXPORT_ONNX + ("{out}", "--target", "{target}", "--opset", "5"), expect=r"opset"
+    ),
+    Case(
+        "export trtllm P TARGET --target TARGET",
+        EXPORT_TRT + ("{target}", "--target", "{target}", "--trtllm-version", "1.3.0"),
+        expect=r"output .* is the input",
+    ),
+    Case(
+        "export trtllm P OUT --num-draft-tokens 0",
+        EXPORT_TRT + ("{out}", "--target", "{target}", "--trtllm-version", "1.3.0", "--num-draft-tokens", "0"),
+        expect=r"num_draft_tokens=0",
+    ),
+    Case(
+        "export trtllm P OUT --trtllm-version banana",
+        EXPORT_TRT + ("{out}", "--target", "{target}", "--trtllm-version", "banana"),
+        expect=r"trtllm_version='banana' is not a version",
+    ),
+    Case(
+        "export trtllm DEPTH_CAUSAL OUT --trtllm-version 1.3.0",
+        ("export", "trtllm", "{dc}", "{out}", "--target", "{target}", "--trtllm-version", "1.3.0"),
+        expect=r"needs TensorRT-LLM >= 1\.4 .*found 1\.3\.0",
+    ),
+    Case(
+        "bench decode --out A_FILE",
+        ("bench", "decode", "--target", "fixture", "--out", "{file}"),
+        expect=r"output .* is a file; pass a directory path",
+    ),
     # -- demo and train options (refused before any model loads) ---------------------------------------------
     Case("demo --prompts 0", ("demo", "--prompts", "0"), expect=r"--prompts=0: must be at least 1"),
     Case("demo --batch-size 0", ("demo", "--batch-size", "0"), expect=r"--batch-size=0"),
     Case("demo --max-new-tokens 0", ("demo", "--max-new-tokens", "0"), expect=r"--max-new-tokens=0"),
     Case("demo --num-draft-tokens 0", ("demo", "--num-draft-tokens", "0"), expect=r"--num-draft-tokens=0"),
-    Case("train --seq-len 16 --block-size 16", TRAIN + ("--seq-len", "16", "--block-size", "16"),
-         expect=r"seq_len=16 leaves 0 anchor positions for block_size=16"),
+    Case(
+        "train --seq-len 16 --block-size 16",
+        TRAIN + ("--seq-len", "16", "--block-size", "16"),
+        expect=r"seq_len=16 leaves 0 anchor positions for block_size=16",
+    ),
     Case("train --lr 0", TRAIN + ("--lr", "0"), expect=r"lr=0\.0"),
     Case("train --data MISSING_FILE", TRAIN[:-1] + ("{missing}",), expect=r"--data .*missing: not a file"),
     Case("train --num-prompts 0", TRAIN + ("--num-prompts", "0"), expect=r"--num-prompts=0: must be at least 1"),
-    Case("generate NON_UTF8_PROMPT", ("generate", "caf\udce9", "--target", "{target}"),
-         expect=r"prompt: not valid UTF-8 text"),
-    Case("bench decode --block-sizes 100", ("bench", "decode", "--target", "fixture", "--block-sizes", "100"),
-         expect=r"--block-sizes 100: larger than the block the drafters were trained with \(parallel: 16"),
+    Case(
+        "generate NON_UTF8_PROMPT",
+        ("generate", "caf\udce9", "--target", "{target}"),
+        expect=r"prompt: not valid UTF-8 text",
+    ),
+    Case(
+        "bench decode --block-sizes 100",
+        ("bench", "decode", "--target", "fixture", "--block-sizes", "100"),
+        expect=r"--block-sizes 100: larger than the block the drafters were trained with \(parallel: 16",
+    ),
     Case("conformance --threads 0", ("conformance", "--threads", "0"), expect=r"--threads=0: must be at least 1"),
-    Case("conformance --output A_FOLDER", ("conformance", "--output", "{user}"),
-         expect=r"--output .*user: is a directory; pass a file path"),
-    Case("conformance --output USERS_FILE", ("conformance", "--output", "{file}"),
-         expect=r"--output .*file\.txt: exists and is not a conformance report portable-spec wrote"),
-    Case("bench kernels --kernel-repeats 0", ("bench", "kernels", "--kernel-repeats", "0"),
-         expect=r"--kernel-repeats=0: must be at least 1"),
+    Case(
+        "conformance --output A_FOLDER",
+        ("conformance", "--output", "{user}"),
+        expect=r"--output .*user: is a directory; pass a file path",
+    ),
+    Case(
+        "conformance --output USERS_FILE",
+        ("conformance", "--output", "{file}"),
+        expect=r"--output .*file\.txt: exists and is not a conformance report portable-spec wrote",
+    ),
+    Case(
+        "bench kernels --kernel-repeats 0",
+        ("bench", "kernels", "--kernel-repeats", "0"),
+        expect=r"--kernel-repeats=0: must be at least 1",
+    ),
     # -- nothing of the user's is deleted or overwritten (checked before any model loads) ------------------------
-    Case("export onnx PARENT/dc PARENT --force (output contains the input)",
-         ("export", "onnx", "{parent}/dc", "{parent}", "--target", "{target}", "--force"),
-         expect=r"output .*parent contains the input .*parent/dc"),
-    Case("export onnx D A_FILE/sub (output under a file)", EXPORT_ONNX + ("{file}/sub", "--target", "{target}"),
-         expect=r"output .*sub lies under .*file\.txt, which is a file"),
-    Case("train --work-dir USER_FOLDER", TRAIN[:8] + ("{user}",) + TRAIN[9:],
-         expect=r"--work-dir .*user: not empty and not a portable-spec work directory"),
-    Case("train --out USERS_DRAFTER (saved by portable-spec elsewhere)", TRAIN[:6] + ("{my_drafter}",) + TRAIN[7:],
-         expect=r"output .*my_drafter is not empty and holds a drafter written from elsewhere"),
-    Case("train --out FIXTURE_DRAFTER (files portable-spec did not write)", TRAIN[:6] + ("{dc}",) + TRAIN[7:],
-         expect=r"output .*dc is not empty and holds files portable-spec did not write"),
-    Case("train --out D --work-dir D/work", TRAIN[:8] + ("{out}/work",) + TRAIN[9:],
-         expect=r"--out .*out contains --work-dir .*out/work"),
+    Case(
+        "export onnx PARENT/dc PARENT --force (output contains the input)",
+        ("export", "onnx", "{parent}/dc", "{parent}", "--target", "{target}", "--force"),
+        expect=r"output .*parent contains the input .*parent/dc",
+    ),
+    Case(
+        "export onnx D A_FILE/sub (output under a file)",
+        EXPORT_ONNX + ("{file}/sub", "--target", "{target}"),
+        expect=r"output .*sub lies under .*file\.txt, which is a file",
+    ),
+    Case(
+        "train --work-dir USER_FOLDER",
+        TRAIN[:8] + ("{user}",) + TRAIN[9:],
+        expect=r"--work-dir .*user: not empty and not a portable-spec work directory",
+    ),
+    Case(
+        "train --out USERS_DRAFTER (saved by portable-spec elsewhere)",
+        TRAIN[:6] + ("{my_drafter}",) + TRAIN[7:],
+        expect=r"output .*my_drafter is not empty and holds a drafter written from elsewhere",
+    ),
+    Case(
+        "train --out FIXTURE_DRAFTER (files portable-spec did not write)",
+        TRAIN[:6] + ("{dc}",) + TRAIN[7:],
+        expect=r"output .*dc is not empty and holds files portable-spec did not write",
+    ),
+    Case(
+        "train --out D --work-dir D/work",
+        TRAIN[:8] + ("{out}/work",) + TRAIN[9:],
+        expect=r"--out .*out contains --work-dir .*out/work",
+    ),
     Case("train --out D --work-dir D", TRAIN[:8] + ("{out}",) + TRAIN[9:], expect=r"--out .*out is --work-dir"),
-    Case("train on a --work-dir another run holds", TRAIN[:8] + ("{locked_work}",) + TRAIN[9:],
-         expect=r"--work-dir .*locked_work is in use by another portable-spec run \(pid \d+"),
-    Case("train --device cuda (no CUDA here)", TRAIN + ("--device", "cuda"), expect=r"--device cuda: this torch build "
-         r"sees no CUDA device"),
+    Case(
+        "train on a --work-dir another run holds",
+        TRAIN[:8] + ("{locked_work}",) + TRAIN[9:],
+        expect=r"--work-dir .*locked_work is in use by another portable-spec run \(pid \d+",
+    ),
+    Case(
+        "train --device cuda (no CUDA here)",
+        TRAIN + ("--device", "cuda"),
+        expect=r"--device cuda: this torch build "
+        r"sees no CUDA device",
+    ),
     Case("train --device banana", TRAIN + ("--device", "banana"), expect=r"--device 'banana': not a torch device"),
     Case("train --reply-batch-size 0", TRAIN + ("--reply-batch-size", "0"), expect=r"--reply-batch-size=0"),
     Case("train --time-budget 0", TRAIN + ("--time-budget", "0"), expect=r"time_budget=0\.0"),
     # -- API ------------------------------------------------------------------------------------------------------
     Case("SpeculativeDecoder.generate([[1, 3.7]], ...)", api=_api_prompt_float, expect=r"prompts\[0\] holds 3\.7"),
-    Case("SpeculativeDecoder.generate(torch.tensor([[1, 2]]), ...)", api=_api_prompt_tensor,
-         expect=r"prompts is a Tensor; pass a list of token-id lists"),
-    Case("GenerationConfig(stop_token_ids=(10**9,))", api=_api_stop_outside_vocab,
-         expect=r"stop_token_ids=\[1000000000\]: \[1000000000\] are outside the target's vocabulary"),
-    Case("SpeculativeDecoder.generate(prompt of 2040 tokens, max_new_tokens=64)", api=_api_past_positions,
-         expect=r"longest prompt \(2040 tokens\) \+ max_new_tokens=64 .* max_position_embeddings=2048"),
-    Case("SpeculativeDecoder.generate(..., request_ids=[2**40])", api=_api_request_id,
-         expect=r"request_ids\[0\]=1099511627776"),
+    Case(
+        "SpeculativeDecoder.generate(torch.tensor([[1, 2]]), ...)",
+        api=_api_prompt_tensor,
+        expect=r"prompts is a Tensor; pass a list of token-id lists",
+    ),
+    Case(
+        "GenerationConfig(stop_token_ids=(10**9,))",
+        api=_api_stop_outside_vocab,
+        expect=r"stop_token_ids=\[1000000000\]: \[1000000000\] are outside the target's vocabulary",
+    ),
+    Case(
+        "SpeculativeDecoder.generate(prompt of 2040 tokens, max_new_tokens=64)",
+        api=_api_past_positions,
+        expect=r"longest prompt \(2040 tokens\) \+ max_new_tokens=64 .* max_position_embeddings=2048",
+    ),
+    Case(
+        "SpeculativeDecoder.generate(..., request_ids=[2**40])",
+        api=_api_request_id,
+        expect=r"request_ids\[0\]=1099511627776",
+    ),
     Case("SpeculativeDecoder.generate([], ...)", api=_api_no_prompts, expect=r"prompts is empty"),
     Case("train_drafter(stream shorter than seq_len)", api=_api_stream_short, expect=r"stream has 5 tokens"),
     Case("train_drafter(stream with out-of-vocabulary ids)", api=_api_stream_vocab, expect=r"stream holds token ids"),
     Case("train_drafter(float stream)", api=_api_stream_float, expect=r"stream: a 1-D tensor of integer token ids"),
     Case("train_drafter(seq_len == block_size)", api=_api_seq_len, expect=r"seq_len=16 leaves 0 anchor positions"),
-    Case("resume training a depth_causal state as parallel", api=_api_resume_other_kind,
-         expect=r"holds another training run .*variant: saved .*depth_causal.*asked .*parallel"),
+    Case(
+        "resume training a depth_causal state as parallel",
+        api=_api_resume_other_kind,
+        expect=r"holds another training run .*variant: saved .*depth_causal.*asked .*parallel",
+    ),
     Case("resume training with another --lr", api=_api_resume_other_lr, expect=r"lr: saved 0\.002, asked 0\.0001"),
-    Case("resume training from a corrupt trainer_state.json", api=_api_resume_corrupt,
-         expect=r"trainer_state\.json: corrupt training state"),
+    Case(
+        "resume training from a corrupt trainer_state.json",
+        api=_api_resume_corrupt,
+        expect=r"trainer_state\.json: corrupt training state",
+    ),
 ]
 
 
@@ -284,8 +452,12 @@ def built(tmp_path_factory) -> dict[str, Path]:
     """Inputs, good and broken, built once; each case gets its own fresh output path on top."""
     root = tmp_path_factory.mktemp("bad-inputs")
     target, dc, par = fixtures.target_dir(), fixtures.drafter_dir("depth_causal"), fixtures.drafter_dir("parallel")
-    paths = {"target": _copy_drafter(target, root / "target"), "dc": _copy_drafter(dc, root / "dc"),
-             "par": _copy_drafter(par, root / "par"), "missing": root / "missing"}
+    paths = {
+        "target": _copy_drafter(target, root / "target"),
+        "dc": _copy_drafter(dc, root / "dc"),
+        "par": _copy_drafter(par, root / "par"),
+        "missing": root / "missing",
+    }
     (root / "file.txt").write_text("not a model\n")
     paths["file"] = root / "file.txt"
     (root / "user").mkdir()
@@ -307,15 +479,17 @@ def built(tmp_path_factory) -> dict[str, Path]:
     paths["partial_target"] = broken
     from transformers import BertConfig, BertForMaskedLM
 
-    BertForMaskedLM(BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                               intermediate_size=64)).save_pretrained(root / "bert")
+    BertForMaskedLM(
+        BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)
+    ).save_pretrained(root / "bert")
     paths["bert"] = root / "bert"
     for name, damage in {
         "bad_json_drafter": lambda d: (d / "config.json").write_text("{oops"),
         "config_dir_drafter": lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()),
         "weights_dir_drafter": lambda d: ((d / "model.safetensors").unlink(), (d / "model.safetensors").mkdir()),
         "truncated_drafter": lambda d: (d / "model.safetensors").write_bytes(
-            (d / "model.safetensors").read_bytes()[:1000]),
+            (d / "model.safetensors").read_bytes()[:1000]
+        ),
         "pickle_drafter": lambda d: torch.save(_read(d / "model.safetensors"), d / "model.safetensors"),
         "nan_drafter": lambda d: _rewrite(d, lambda w: {**w, "fc.weight": w["fc.weight"] * float("nan")}),
         "f64_drafter": lambda d: _rewrite(d, lambda w: {k: v.double() for k, v in w.items()}),
@@ -332,12 +506,22 @@ def built(tmp_path_factory) -> dict[str, Path]:
     locked_work = root / "locked_work"
     locked_work.mkdir()
     write_marker(locked_work, WORK_DIR_KIND)
-    (locked_work / LOCK_FILE).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                                                     "started": "now", "command": "portable-spec train (another)"}))
+    (locked_work / LOCK_FILE).write_text(
+        json.dumps(
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "started": "now",
+                "command": "portable-spec train (another)",
+            }
+        )
+    )
     paths["locked_work"] = locked_work
-    for name, change in {"huge_target": {"num_hidden_layers": 100000}, "negative_vocab_target": {"vocab_size": -5},
-                         "infinite_rope_target": {"rope_parameters": {"rope_theta": float("inf"),
-                                                                      "rope_type": "default"}}}.items():
+    for name, change in {
+        "huge_target": {"num_hidden_layers": 100000},
+        "negative_vocab_target": {"vocab_size": -5},
+        "infinite_rope_target": {"rope_parameters": {"rope_theta": float("inf"), "rope_type": "default"}},
+    }.items():
         broken = root / name
         shutil.copytree(target, broken)
         config = json.loads((broken / "config.json").read_text())
@@ -345,8 +529,12 @@ def built(tmp_path_factory) -> dict[str, Path]:
         paths[name] = broken
     huge_header = root / "huge_header_target"  # a weights header claiming a 4 TiB tensor in a tiny file
     shutil.copytree(target, huge_header)
-    header = json.dumps({"__metadata__": {"format": "pt"}, "model.norm.weight": {
-        "dtype": "F32", "shape": [1 << 40], "data_offsets": [0, 4 << 40]}}).encode()
+    header = json.dumps(
+        {
+            "__metadata__": {"format": "pt"},
+            "model.norm.weight": {"dtype": "F32", "shape": [1 << 40], "data_offsets": [0, 4 << 40]},
+        }
+    ).encode()
     (huge_header / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(64))
     paths["huge_header_target"] = huge_header
     (root / "loop").symlink_to(root / "loop")
@@ -435,19 +623,26 @@ def test_console_script_prints_one_line_and_debug_the_traceback(tmp_path):
     """The installed entry point, in a real process: one `error:` line and exit 2; --debug adds the traceback."""
     argv = [sys.executable, "-m", "portable_spec.cli", "generate", "hi", "--target", str(tmp_path / "nope")]
     quiet = subprocess.run(argv, capture_output=True, text=True, timeout=300)
-    assert quiet.returncode == 2 and quiet.stderr.strip().startswith("error: target=") and "Traceback" not in quiet.stderr
+    assert (
+        quiet.returncode == 2 and quiet.stderr.strip().startswith("error: target=") and "Traceback" not in quiet.stderr
+    )
     loud = subprocess.run(argv[:3] + ["--debug"] + argv[3:], capture_output=True, text=True, timeout=300)
     assert loud.returncode != 0 and "Traceback" in loud.stderr
 
 
 def render_doc() -> str:
-    lines = ["# Errors you can meet, and what they say", "",
-             "Generated by `tests/test_bad_inputs.py` from its table of bad inputs: each row is a case that test runs, "
-             "with the one line portable-spec printed (paths replaced by their role). Every CLI case exits with status "
-             "2, every API case raises `portable_spec.core.spec.SpecError` (the CLI prints it as the same line), and no "
-             "case changes a file it did not create; `portable-spec --debug <command>` shows the traceback. The fix "
-             "is part of each message.", "",
-             "| what was done | CLI exit / API | `error:` message |", "|---|---|---|"]
+    lines = [
+        "# Errors you can meet, and what they say",
+        "",
+        "Generated by `tests/test_bad_inputs.py` from its table of bad inputs: each row is a case that test runs, "
+        "with the one line portable-spec printed (paths replaced by their role). Every CLI case exits with status "
+        "2, every API case raises `portable_spec.core.spec.SpecError` (the CLI prints it as the same line), and no "
+        "case changes a file it did not create; `portable-spec --debug <command>` shows the traceback. The fix "
+        "is part of each message.",
+        "",
+        "| what was done | CLI exit / API | `error:` message |",
+        "|---|---|---|",
+    ]
     for case in CASES:
         status, message = OBSERVED[case.name]
         outcome = "raises SpecError" if case.api is not None else str(status)
@@ -462,5 +657,6 @@ def test_errors_doc_is_current():
     rendered = render_doc()
     if os.environ.get("PORTABLE_SPEC_WRITE_ERRORS_DOC"):
         DOC.write_text(rendered)
-    assert DOC.exists() and DOC.read_text() == rendered, \
+    assert DOC.exists() and DOC.read_text() == rendered, (
         "docs/errors.md is stale: PORTABLE_SPEC_WRITE_ERRORS_DOC=1 python -m pytest tests/test_bad_inputs.py"
+    )

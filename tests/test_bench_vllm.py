@@ -5,9 +5,9 @@ import argparse
 
 import pytest
 
-from portable_spec.core import real_assets
 from portable_spec.cli import bench, bench_vllm
 from portable_spec.cli.main import main
+from portable_spec.core import real_assets
 from portable_spec.core.spec import SpecError, read_config
 
 
@@ -31,8 +31,11 @@ def test_each_method_is_what_a_vllm_user_writes():
     assert parallel["num_speculative_tokens"] == read_config(real_assets.drafter_dir("parallel")).block_size - 1
     assert parallel["method"] == "dflash" and parallel["model"] == str(real_assets.drafter_dir("parallel"))
     depth_causal = bench_vllm.speculative_config("depth_causal", args)
-    assert depth_causal == {"method": "dflash", "model": str(real_assets.drafter_dir("depth_causal")),
-                            "num_speculative_tokens": 5}
+    assert depth_causal == {
+        "method": "dflash",
+        "model": str(real_assets.drafter_dir("depth_causal")),
+        "num_speculative_tokens": 5,
+    }
 
 
 def test_per_position_acceptance_is_conditional_on_the_previous_slots():
@@ -47,12 +50,15 @@ def test_default_batch_sizes_differ_per_bench():
     assert bench.DEFAULT_BATCH_SIZES["decode"] == [1, 4]
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"target": "fixture"}, r"--target fixture: bench vllm runs the SmolLM2 drafters"),
-    ({"depth_causal_k": 0}, r"--depth-causal-k=0: must be at least 1"),
-    ({"prompts": 8, "reference_prompts": 9}, r"--reference-prompts=9: use 0\.\.--prompts \(8\)"),
-    ({"batch_sizes": [8]}, r"--reference-prompts needs batch size 1"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"target": "fixture"}, r"--target fixture: bench vllm runs the SmolLM2 drafters"),
+        ({"depth_causal_k": 0}, r"--depth-causal-k=0: must be at least 1"),
+        ({"prompts": 8, "reference_prompts": 9}, r"--reference-prompts=9: use 0\.\.--prompts \(8\)"),
+        ({"batch_sizes": [8]}, r"--reference-prompts needs batch size 1"),
+    ],
+)
 def test_bad_options_are_refused_before_vllm_loads(overrides, message):
     with pytest.raises(SpecError, match=message):
         bench_vllm._check_args(_args(**overrides))

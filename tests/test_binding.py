@@ -23,7 +23,11 @@ def test_mismatched_shapes_are_listed(tmp_path):
     with pytest.raises(SpecError) as error:
         wider.load_drafter(tmp_path / "d")
     message = str(error.value)
-    for field in ("hidden_size: drafter expects 64", "num_hidden_layers: drafter expects 3", "vocab_size: drafter expects 256"):
+    for field in (
+        "hidden_size: drafter expects 64",
+        "num_hidden_layers: drafter expects 3",
+        "vocab_size: drafter expects 256",
+    ):
         assert field in message
 
 

@@ -69,9 +69,13 @@ def test_greedy_output_equals_autoregressive(target, reference, kind, batch_size
 
 @pytest.mark.parametrize("num_drafts", [1, 3, 7])
 def test_greedy_lossless_under_ragged_acceptance(target, reference, num_drafts):
-    wrong = lambda row, pos: (row + pos) % (num_drafts + 2)  # sometimes all accepted, sometimes first rejected
+    def wrong(row, pos):
+        return (row + pos) % (num_drafts + 2)  # sometimes all accepted, sometimes first rejected
+
     proposer = OracleProposer(tiny_drafter(target, "depth_causal").config, PROMPTS, reference, wrong)
-    out = SpeculativeDecoder(target, proposer).generate(PROMPTS, GenerationConfig(max_new_tokens=24, num_draft_tokens=num_drafts))
+    out = SpeculativeDecoder(target, proposer).generate(
+        PROMPTS, GenerationConfig(max_new_tokens=24, num_draft_tokens=num_drafts)
+    )
     assert out.tokens == reference
     emitted = out.stats.emitted_per_round
     assert len(set(emitted)) > 1 and max(emitted) == num_drafts + 1  # ragged, with full accepts
@@ -91,14 +95,16 @@ def test_stop_tokens_end_a_request_early(target, reference):
 def test_max_new_tokens_is_exact(target):
     for limit in (1, 2, 9):
         out = SpeculativeDecoder(target, tiny_drafter(target, "parallel")).generate(
-            PROMPTS, GenerationConfig(max_new_tokens=limit, num_draft_tokens=7))
+            PROMPTS, GenerationConfig(max_new_tokens=limit, num_draft_tokens=7)
+        )
         assert [len(t) for t in out.tokens] == [limit] * len(PROMPTS)
 
 
 def test_sampled_output_is_reproducible_and_keyed_per_request(target):
     decoder = SpeculativeDecoder(target, tiny_drafter(target, "depth_causal"))
-    config = GenerationConfig(max_new_tokens=16, num_draft_tokens=3, seed=11,
-                              sampling={"temperature": 1.0, "top_k": 50, "top_p": 0.95})
+    config = GenerationConfig(
+        max_new_tokens=16, num_draft_tokens=3, seed=11, sampling={"temperature": 1.0, "top_k": 50, "top_p": 0.95}
+    )
     first = decoder.generate(PROMPTS, config).tokens
     assert decoder.generate(PROMPTS, config).tokens == first
     alone = decoder.generate([PROMPTS[2]], config, request_ids=[2]).tokens[0]
@@ -117,4 +123,3 @@ def test_bad_requests_fail_before_decoding(target):
         decoder.generate([[1, 9999]], GenerationConfig())
     with pytest.raises(SpecError, match="num_draft_tokens=5 does not fit block_size=4"):
         decoder.generate([[1]], GenerationConfig(num_draft_tokens=5))
-

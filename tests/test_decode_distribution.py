@@ -16,7 +16,9 @@ SAMPLING = SamplingParams(temperature=1.0, top_k=10)
 def _exact_joint(target, sampling: SamplingParams) -> torch.Tensor:
     """P(x2, x3) = sum_x1 p(x1) p(x2 | x1) p(x3 | x1, x2), each p filtered as the verifier filters it."""
     vocab = target.config.vocab_size
-    grid = torch.stack(torch.meshgrid(torch.arange(vocab), torch.arange(vocab), indexing="ij"), -1).view(-1, 2)  # (x1, x2)
+    grid = torch.stack(torch.meshgrid(torch.arange(vocab), torch.arange(vocab), indexing="ij"), -1).view(
+        -1, 2
+    )  # (x1, x2)
     seqs = torch.cat((torch.tensor(PROMPT).expand(len(grid), -1), grid), dim=1)
     with torch.no_grad():
         logits = target.model(input_ids=seqs).logits[:, -3:]  # predicts x1, x2, x3

@@ -52,5 +52,7 @@ def test_greedy_output_same_with_and_without(kind):
     prompts = [[1, 2, 3, 4], [5, 6, 7]]
     plain = SpeculativeDecoder(target, decode_matmul=False).generate(prompts, config).tokens
     for decode_matmul in (False, True):
-        assert SpeculativeDecoder(target, drafter, decode_matmul=decode_matmul).generate(prompts, config).tokens == plain
+        assert (
+            SpeculativeDecoder(target, drafter, decode_matmul=decode_matmul).generate(prompts, config).tokens == plain
+        )
     assert all(type(m) is not DecodeShapedLinear for m in list(target.model.modules()) + list(drafter.modules()))

@@ -8,17 +8,23 @@ import time
 
 import pytest
 import torch
-
 from fake_cuda import DeviceMismatch, FakeCudaTensor, fake_cuda
+
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.training.distill_data import Sequences
-from portable_spec.training.feature_cache import FeatureDataset
 from portable_spec.core.noise import VerifyNoise
 from portable_spec.core.sampling import SamplingBatch, SamplingParams
 from portable_spec.core.testing import tiny_drafter, tiny_target
-from portable_spec.training.train import (TrainConfig, drafter_config_for, drafter_loss, initial_drafter, stream_batches,
-                                 train_drafter)
 from portable_spec.core.verify import verify
+from portable_spec.training.distill_data import Sequences
+from portable_spec.training.feature_cache import FeatureDataset
+from portable_spec.training.train import (
+    TrainConfig,
+    drafter_config_for,
+    drafter_loss,
+    initial_drafter,
+    stream_batches,
+    train_drafter,
+)
 
 PROMPTS = [[5, 9, 14, 3, 22, 7], [40, 41, 42]]
 
@@ -37,8 +43,7 @@ def test_the_guard_catches_a_cpu_tensor_mixed_into_cuda_math():
         on_cuda = logits.to("cuda")
         assert on_cuda.device.type == "cuda" and isinstance(on_cuda, FakeCudaTensor)
         sampling = SamplingBatch.from_params([SamplingParams()] * 2, "cuda")
-        cpu_noise = VerifyNoise(accept_uniform=torch.full((2, 2), 0.5),
-                                sample_uniform=torch.full((2, 3, 16), 0.5))
+        cpu_noise = VerifyNoise(accept_uniform=torch.full((2, 2), 0.5), sample_uniform=torch.full((2, 3, 16), 0.5))
         with pytest.raises(DeviceMismatch, match="cpu"):
             verify(on_cuda, drafts.to("cuda"), sampling, cpu_noise)
         result = verify(on_cuda, drafts.to("cuda"), sampling, VerifyNoise.unused(2, 2, 16, "cuda"))
@@ -47,11 +52,14 @@ def test_the_guard_catches_a_cpu_tensor_mixed_into_cuda_math():
 
 
 @pytest.mark.parametrize("kind", ["depth_causal", "parallel", "autoregressive"])
-@pytest.mark.parametrize("settings", [
-    {},  # greedy: the round that crashed on CUDA
-    {"sampling": SamplingParams(temperature=0.8, top_k=20, top_p=0.9), "seed": 3},
-    {"draft_confidence": 0.2},
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},  # greedy: the round that crashed on CUDA
+        {"sampling": SamplingParams(temperature=0.8, top_k=20, top_p=0.9), "seed": 3},
+        {"draft_confidence": 0.2},
+    ],
+)
 def test_decode_loop_on_cuda_equals_cpu(kind, settings):
     target = tiny_target()
     drafter = tiny_drafter(target, kind, block_size=4)
@@ -100,8 +108,15 @@ def test_training_forward_on_cuda_equals_cpu(draft_vocab_size):
     """The drafter built by training sits on the target's device and its loss reads batches drawn there.
     (Backward cannot run on fake CUDA, see tests/fake_cuda.py; it is the same graph reversed.)"""
     target = tiny_target()
-    config = drafter_config_for(target, kind="depth_causal", block_size=4, num_hidden_layers=1,
-                                target_layer_ids=[0, 1], mask_token_id=255, draft_vocab_size=draft_vocab_size)
+    config = drafter_config_for(
+        target,
+        kind="depth_causal",
+        block_size=4,
+        num_hidden_layers=1,
+        target_layer_ids=[0, 1],
+        mask_token_id=255,
+        draft_vocab_size=draft_vocab_size,
+    )
     vocab = torch.arange(0, 256, 4) if draft_vocab_size else None
     train = TrainConfig(batch_size=2, seq_len=24, anchors_per_seq=3)
     draw = stream_batches(target, torch.arange(500) % 37, train, config.target_layer_ids, config.block_size)
@@ -120,26 +135,39 @@ def test_training_forward_on_cuda_equals_cpu(draft_vocab_size):
 
 def test_time_budget_ends_the_run_on_time_and_writes_the_checkpoint(tmp_path):
     target = tiny_target()
-    config = drafter_config_for(target, kind="parallel", block_size=4, num_hidden_layers=1, target_layer_ids=[0, 1],
-                                mask_token_id=255)
+    config = drafter_config_for(
+        target, kind="parallel", block_size=4, num_hidden_layers=1, target_layer_ids=[0, 1], mask_token_id=255
+    )
     losses: list[int] = []
     budget = 1.5
-    train = TrainConfig(steps=10**6, batch_size=2, seq_len=32, anchors_per_seq=3, warmup_steps=1,
-                        time_budget=budget, save_every=10**6)
+    train = TrainConfig(
+        steps=10**6, batch_size=2, seq_len=32, anchors_per_seq=3, warmup_steps=1, time_budget=budget, save_every=10**6
+    )
     start = time.perf_counter()
     from portable_spec.training.train import train_loop
+
     draw = stream_batches(target, torch.arange(4000) % 37, train, config.target_layer_ids, config.block_size)
-    train_loop(target, config, draw, train, tmp_path / "out", tmp_path / "state", progress=False,
-               log=lambda step, loss: losses.append(step))
+    train_loop(
+        target,
+        config,
+        draw,
+        train,
+        tmp_path / "out",
+        tmp_path / "state",
+        progress=False,
+        log=lambda step, loss: losses.append(step),
+    )
     took = time.perf_counter() - start
     assert budget <= took < budget + 1.0  # one step past the budget at most (a tiny step here is ~10 ms)
     assert 5 < len(losses) < 10**6 and (tmp_path / "out" / "model.safetensors").exists()
     import json
+
     state = json.loads((tmp_path / "state" / "trainer_state.json").read_text())
     assert state["step"] == len(losses) and budget <= state["elapsed_seconds"] < budget + 1.0
     # a longer budget resumes from the saved state and time: it trains on, it does not start over
     longer = train.model_copy(update={"time_budget": budget + 0.5})
-    train_drafter(target, config, torch.arange(4000) % 37, longer, tmp_path / "out2", tmp_path / "state",
-                  progress=False)
+    train_drafter(
+        target, config, torch.arange(4000) % 37, longer, tmp_path / "out2", tmp_path / "state", progress=False
+    )
     resumed = json.loads((tmp_path / "state" / "trainer_state.json").read_text())
     assert resumed["step"] > state["step"] and resumed["elapsed_seconds"] < budget + 1.5

@@ -18,8 +18,15 @@ def target():
 
 
 def _drafter(target, kind="depth_causal", ids=VOCAB_IDS):
-    config = drafter_config_for(target, kind=kind, block_size=6, num_hidden_layers=2, target_layer_ids=[0, 1],
-                                mask_token_id=255, draft_vocab_size=len(ids))
+    config = drafter_config_for(
+        target,
+        kind=kind,
+        block_size=6,
+        num_hidden_layers=2,
+        target_layer_ids=[0, 1],
+        mask_token_id=255,
+        draft_vocab_size=len(ids),
+    )
     torch.manual_seed(3)
     drafter = Drafter(config, target.shared_modules())
     drafter.set_draft_vocab(ids)
@@ -32,12 +39,15 @@ def test_logits_live_only_on_the_draft_vocabulary(target):
     context = drafter.context_kv(features, torch.arange(5)[None])
     block = torch.full((1, 1, 6), 255)
     block[..., 0] = 7
-    logits = drafter.block_logits(block, 5 + torch.arange(6)[None, None], context, torch.ones(1, 6, 5, dtype=torch.bool))
+    logits = drafter.block_logits(
+        block, 5 + torch.arange(6)[None, None], context, torch.ones(1, 6, 5, dtype=torch.bool)
+    )
     outside = torch.ones(256, dtype=torch.bool)
     outside[VOCAB_IDS] = False
     assert torch.isinf(logits[..., outside]).all() and torch.isfinite(logits[..., VOCAB_IDS]).all()
-    full_head = target.shared_modules().lm_head(drafter.block_hidden(
-        block, 5 + torch.arange(6)[None, None], context, torch.ones(1, 6, 5, dtype=torch.bool)))
+    full_head = target.shared_modules().lm_head(
+        drafter.block_hidden(block, 5 + torch.arange(6)[None, None], context, torch.ones(1, 6, 5, dtype=torch.bool))
+    )
     torch.testing.assert_close(logits[..., VOCAB_IDS], full_head[..., VOCAB_IDS])  # the same rows, sliced
 
 
@@ -54,8 +64,15 @@ def test_bad_draft_vocabulary_is_refused(target):
     with pytest.raises(SpecError, match="distinct ids"):
         drafter.set_draft_vocab(torch.zeros(len(VOCAB_IDS), dtype=torch.int64))
     with pytest.raises(SpecError, match="draft_vocab_size"):
-        drafter_config_for(target, kind="parallel", block_size=4, num_hidden_layers=1, target_layer_ids=[0],
-                           mask_token_id=255, draft_vocab_size=999)
+        drafter_config_for(
+            target,
+            kind="parallel",
+            block_size=4,
+            num_hidden_layers=1,
+            target_layer_ids=[0],
+            mask_token_id=255,
+            draft_vocab_size=999,
+        )
 
 
 def test_tokens_outside_the_draft_vocabulary_carry_no_loss(target):
@@ -64,7 +81,9 @@ def test_tokens_outside_the_draft_vocabulary_carry_no_loss(target):
     assert target_to_draft(drafter, labels).tolist() == [0, -100, 1, -100, len(VOCAB_IDS) - 1]
     tokens = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
     positions = torch.arange(24).expand(2, -1)
-    _, features = target.forward(tokens, positions, torch.ones_like(tokens, dtype=torch.bool), target.new_cache(), [0, 1])
+    _, features = target.forward(
+        tokens, positions, torch.ones_like(tokens, dtype=torch.bool), target.new_cache(), [0, 1]
+    )
     loss = drafter_loss(drafter, features, tokens, torch.tensor([[2, 9], [4, 12]]), 7.0)
     assert torch.isfinite(loss) and loss > 0
 
@@ -92,9 +111,13 @@ def test_onnx_graph_of_a_reduced_vocabulary_drafter_matches_the_reference(tmp_pa
     _drafter(target).save(tmp_path / "drafter")
     graph = export_onnx(tmp_path / "drafter", tmp_path / "target", tmp_path / "graph")
     generator = torch.Generator().manual_seed(0)
-    inputs = (torch.randn(2, 7, 128, generator=generator), torch.arange(7).expand(2, -1).clone(),
-              torch.ones(2, 7, dtype=torch.bool), torch.randint(0, 256, (2, 1, 6), generator=generator),
-              (7 + torch.arange(6)).expand(2, 1, 6).clone())
+    inputs = (
+        torch.randn(2, 7, 128, generator=generator),
+        torch.arange(7).expand(2, -1).clone(),
+        torch.ones(2, 7, dtype=torch.bool),
+        torch.randint(0, 256, (2, 1, 6), generator=generator),
+        (7 + torch.arange(6)).expand(2, 1, 6).clone(),
+    )
     expected = ReferenceBackend().block_logits(tmp_path / "target", tmp_path / "drafter", *inputs)
     actual = OnnxBackend().block_logits(tmp_path / "target", graph, *inputs)
     assert torch.equal(torch.isinf(actual), torch.isinf(expected))

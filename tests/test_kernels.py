@@ -17,15 +17,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from portable_spec.core import dispatch
 from portable_spec.conformance.golden import GOLDEN_DIR, case_paths, load_case, to_tensors
+from portable_spec.core import dispatch
 from portable_spec.core.noise import VerifyNoise
 from portable_spec.core.sampling import SamplingBatch, SamplingParams
 from portable_spec.core.verify import verify
 
 REPO = Path(__file__).resolve().parents[1]
-SAMPLED = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=20),
-           SamplingParams(temperature=1.3, top_p=0.8), SamplingParams(temperature=0.5, top_k=5, top_p=0.9)]
+SAMPLED = [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_k=20),
+    SamplingParams(temperature=1.3, top_p=0.8),
+    SamplingParams(temperature=0.5, top_k=5, top_p=0.9),
+]
 
 
 def _import_kernels(interpret: bool):
@@ -34,7 +38,9 @@ def _import_kernels(interpret: bool):
     if interpret:
         os.environ["TRITON_INTERPRET"] = "1"
     try:
-        return importlib.import_module("portable_spec.kernels.verify_triton"), importlib.import_module("portable_spec.kernels.attention_triton")
+        return importlib.import_module("portable_spec.kernels.verify_triton"), importlib.import_module(
+            "portable_spec.kernels.attention_triton"
+        )
     except ImportError as error:
         return f"triton does not import ({error}); pip install 'portable-spec[triton]'"
     finally:  # the variable does not outlive the import
@@ -89,8 +95,14 @@ def verify_case(batch, n, vocab, mode, seed=0, device="cpu"):
     num_drafts[0] = n
     first_positions = torch.randint(0, 500, (batch,), generator=gen).to(device)
     noise = VerifyNoise.for_chain(seed, torch.arange(batch, device=device) + 7, first_positions, n, vocab)
-    return (logits.to(device), draft_tokens.to(device), SamplingBatch.from_params(params, device=device), noise,
-            None if draft_probs is None else draft_probs.to(device), num_drafts.to(device))
+    return (
+        logits.to(device),
+        draft_tokens.to(device),
+        SamplingBatch.from_params(params, device=device),
+        noise,
+        None if draft_probs is None else draft_probs.to(device),
+        num_drafts.to(device),
+    )
 
 
 def assert_same_verify(case, verify_triton, block_v=None):
@@ -100,8 +112,12 @@ def assert_same_verify(case, verify_triton, block_v=None):
     results = [got]
     if block_v is not None:  # several vocab tiles: the running argmax must keep the first index
         from portable_spec.core.sampling import target_probs
-        results.append(verify_triton.verify_probs(target_probs(logits, sampling), draft_tokens, noise, draft_probs,
-                                                  num_drafts, block_v=block_v))
+
+        results.append(
+            verify_triton.verify_probs(
+                target_probs(logits, sampling), draft_tokens, noise, draft_probs, num_drafts, block_v=block_v
+            )
+        )
     for result in results:
         assert torch.equal(result.accepted_len, expected.accepted_len)
         assert torch.equal(result.next_token, expected.next_token)
@@ -183,12 +199,15 @@ def assert_error_rule(case, dtype, causal, num_splits, attention_triton):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("batch,heads,kv_heads,k,ctx_len,d,num_splits", [
-    (2, 2, 2, 4, 37, 16, None),  # MHA
-    (2, 4, 2, 8, 70, 32, 2),  # GQA 2, two context splits merged
-    (1, 8, 2, 1, 130, 16, 3),  # GQA 4, one query slot
-    (3, 3, 1, 5, 0, 24, None),  # MQA, no context yet; head_dim not a power of two
-])
+@pytest.mark.parametrize(
+    "batch,heads,kv_heads,k,ctx_len,d,num_splits",
+    [
+        (2, 2, 2, 4, 37, 16, None),  # MHA
+        (2, 4, 2, 8, 70, 32, 2),  # GQA 2, two context splits merged
+        (1, 8, 2, 1, 130, 16, 3),  # GQA 4, one query slot
+        (3, 3, 1, 5, 0, 24, None),  # MQA, no context yet; head_dim not a power of two
+    ],
+)
 def test_attention_kernel_error_rule(interpreted, dtype, causal, batch, heads, kv_heads, k, ctx_len, d, num_splits):
     case = attention_case(batch, heads, kv_heads, k, ctx_len, d, seed=batch + k + ctx_len)
     assert_error_rule(case, dtype, causal, num_splits, interpreted[1])
@@ -278,9 +297,15 @@ def test_verify_kernel_cuda(compiled, mode, batch, n, vocab):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("batch,heads,kv_heads,k,ctx_len,d,num_splits", [
-    (1, 32, 8, 16, 4096, 128, None), (8, 16, 2, 8, 1000, 64, None), (4, 8, 8, 16, 300, 128, 1), (2, 4, 1, 1, 77, 80, 5),
-])
+@pytest.mark.parametrize(
+    "batch,heads,kv_heads,k,ctx_len,d,num_splits",
+    [
+        (1, 32, 8, 16, 4096, 128, None),
+        (8, 16, 2, 8, 1000, 64, None),
+        (4, 8, 8, 16, 300, 128, 1),
+        (2, 4, 1, 1, 77, 80, 5),
+    ],
+)
 def test_attention_kernel_cuda(compiled, dtype, causal, batch, heads, kv_heads, k, ctx_len, d, num_splits):
     case = attention_case(batch, heads, kv_heads, k, ctx_len, d, seed=k, device="cuda")
     assert_error_rule(case, dtype, causal, num_splits, compiled[1])
@@ -293,8 +318,9 @@ def test_verify_kernel_rejects_zero_draft_probability(interpreted):
     draft_probs = torch.zeros(2, 1, 48)
     draft_probs[:, 0, :2] = 0.5
     noise = VerifyNoise.for_chain(5, torch.arange(2), torch.zeros(2, dtype=torch.int64), 1, 48)
-    expected = assert_same_verify((logits, torch.tensor([[40], [1]]), sampling, noise, draft_probs, None),
-                                  interpreted[0], block_v=16)
+    expected = assert_same_verify(
+        (logits, torch.tensor([[40], [1]]), sampling, noise, draft_probs, None), interpreted[0], block_v=16
+    )
     assert expected.accepted_len[0] == 0  # q = 0 = p: rejected by both implementations
 
 
@@ -303,8 +329,15 @@ def test_verify_kernel_reproduces_every_golden_file(interpreted, name):
     """The conformance golden files through the Triton kernel (interpreted here, compiled on the GPU run): among them
     draft_prob_zero, where a draft the drafter gave probability 0 must be rejected (p = 0 and p > 0 rows)."""
     golden = to_tensors(load_case(GOLDEN_DIR / f"{name}.json"))
-    got = dispatch.verify_op(golden.target_logits, golden.draft_tokens, golden.sampling, golden.noise,
-                             golden.draft_probs, golden.num_drafts, impl="triton")
+    got = dispatch.verify_op(
+        golden.target_logits,
+        golden.draft_tokens,
+        golden.sampling,
+        golden.noise,
+        golden.draft_probs,
+        golden.num_drafts,
+        impl="triton",
+    )
     assert got.accepted_len.tolist() == golden.accepted_len.tolist()
     assert got.next_token.tolist() == golden.next_token.tolist()
     assert got.output_tokens.tolist() == golden.output_tokens.tolist()

@@ -74,7 +74,9 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     probe.write_text("def f():\n    from ..adapters.vllm import plugin\n    import portable_spec.cli\n")
     monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path)
     assert imports_of(probe) >= {"portable_spec.adapters.vllm.plugin", "portable_spec.cli"}
-    assert layer_of("portable_spec.adapters.vllm.plugin") == "adapters" and layer_of("portable_spec.core.probe") == "core"
+    assert (
+        layer_of("portable_spec.adapters.vllm.plugin") == "adapters" and layer_of("portable_spec.core.probe") == "core"
+    )
     assert rank_of("training") == rank_of("bench") == rank_of("adapters") > rank_of("kernels")
 
 
@@ -83,7 +85,8 @@ def test_architecture_doc_shows_the_layers():
     stated = re.search(r"Layers, bottom to top: (.+)", doc)
     assert stated, "docs/architecture.md must state 'Layers, bottom to top: ...'"
     assert [[s.strip("` ") for s in rank.split(",")] for rank in stated.group(1).split("<-")] == [
-        [f"portable_spec/{layer}/" for layer in rank] for rank in RANKS]
+        [f"portable_spec/{layer}/" for layer in rank] for rank in RANKS
+    ]
     assert [p.name for p in PACKAGE.glob("*.py")] == ["__init__.py"], "modules live in the layer subpackages"
     for layer in ("core", "training", "bench"):
         for path in sorted((PACKAGE / layer).glob("*.py")):

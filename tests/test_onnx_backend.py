@@ -15,10 +15,10 @@ onnx = pytest.importorskip("onnx")
 
 from portable_spec.adapters.onnx import OnnxBackend, OnnxDrafterGraph, OnnxProposer  # noqa: E402
 from portable_spec.adapters.onnx_export import GRAPH_FILE, META_PREFIX, export_bound_drafter, export_onnx  # noqa: E402
-from portable_spec.core.outputs import OUTPUT_MARKER  # noqa: E402
-from portable_spec.core.backends import BACKENDS, ReferenceBackend, get_backend  # noqa: E402
 from portable_spec.cli import main  # noqa: E402
+from portable_spec.core.backends import BACKENDS, ReferenceBackend, get_backend  # noqa: E402
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
+from portable_spec.core.outputs import OUTPUT_MARKER  # noqa: E402
 from portable_spec.core.proposer import TorchProposer  # noqa: E402
 from portable_spec.core.spec import VARIANT_KINDS, SpecError  # noqa: E402
 from portable_spec.core.target import TargetModel  # noqa: E402
@@ -119,8 +119,9 @@ def test_backend_generate_and_on_the_fly_export(pairs):
     target_dir, drafter_dir, _ = pairs["depth_causal"]
     config = GenerationConfig(max_new_tokens=12, num_draft_tokens=7)
     prompts = [[9, 8, 7, 6], [1, 2]]
-    assert OnnxBackend().generate(target_dir, drafter_dir, prompts, config) == \
-        ReferenceBackend().generate(target_dir, drafter_dir, prompts, config)
+    assert OnnxBackend().generate(target_dir, drafter_dir, prompts, config) == ReferenceBackend().generate(
+        target_dir, drafter_dir, prompts, config
+    )
 
 
 @pytest.mark.parametrize("kind", VARIANT_KINDS)
@@ -160,12 +161,15 @@ def test_graph_bound_to_another_target_is_refused(pairs):
         OnnxDrafterGraph(graph_dir, tiny_target(seed=1))
 
 
-@pytest.mark.parametrize("option, match", [
-    (dict(opset=12), "opset=12 is not supported"),
-    (dict(opset=23), "opset=23 is not supported"),
-    (dict(block_size="dynamic"), "dynamic block size cannot be exported"),
-    (dict(block_size=16), "block_size=16 differs from the checkpoint's block_size=8"),
-])
+@pytest.mark.parametrize(
+    "option, match",
+    [
+        (dict(opset=12), "opset=12 is not supported"),
+        (dict(opset=23), "opset=23 is not supported"),
+        (dict(block_size="dynamic"), "dynamic block size cannot be exported"),
+        (dict(block_size=16), "block_size=16 differs from the checkpoint's block_size=8"),
+    ],
+)
 def test_bad_export_options_leave_nothing(pairs, tmp_path, option, match):
     target_dir, drafter_dir, _ = pairs["depth_causal"]
     with pytest.raises(SpecError, match=match):
@@ -184,14 +188,20 @@ def test_export_for_another_target_leaves_nothing(pairs, tmp_path):
 
 def test_cli_export_onnx(pairs, tmp_path, capsys):
     target_dir, drafter_dir, _ = pairs["autoregressive"]
-    assert main(["export", "onnx", str(drafter_dir), str(tmp_path / "bad"), "--target", str(target_dir),
-                 "--opset", "9"]) == 2
+    assert (
+        main(["export", "onnx", str(drafter_dir), str(tmp_path / "bad"), "--target", str(target_dir), "--opset", "9"])
+        == 2
+    )
     assert "opset=9" in capsys.readouterr().err
     assert_no_output(tmp_path / "bad")
     assert main(["export", "onnx", str(drafter_dir), str(tmp_path / "ok"), "--target", str(target_dir)]) == 0
     assert "max abs logits error" in capsys.readouterr().out
-    assert {p.name for p in (tmp_path / "ok").iterdir()} == {"drafter.onnx", "config.json", "export.json",
-                                                         OUTPUT_MARKER}
+    assert {p.name for p in (tmp_path / "ok").iterdir()} == {
+        "drafter.onnx",
+        "config.json",
+        "export.json",
+        OUTPUT_MARKER,
+    }
 
 
 def test_registered_and_available():

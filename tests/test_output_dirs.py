@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from portable_spec.core.outputs import read_marker, write_dir_atomically
 from portable_spec.cli import main
+from portable_spec.core.outputs import read_marker, write_dir_atomically
 from portable_spec.core.spec import SpecError
 from portable_spec.core.testing import save_tiny_pair
 
@@ -150,8 +150,10 @@ def test_ctrl_c_ends_a_command_with_one_line_and_leaves_nothing_half_written(tmp
         (tmp / "model.onnx").write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("portable_spec.adapters.onnx_export.export_onnx", lambda *a, **k: write_dir_atomically(
-        tmp_path / "out", half_written, kind="onnx-export"))
+    monkeypatch.setattr(
+        "portable_spec.adapters.onnx_export.export_onnx",
+        lambda *a, **k: write_dir_atomically(tmp_path / "out", half_written, kind="onnx-export"),
+    )
     assert main(["export", "onnx", str(drafter), str(tmp_path / "out"), "--target", str(target)]) == 130
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: interrupted; outputs are written whole or not at all, so nothing half-written was left"]

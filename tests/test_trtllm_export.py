@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import List, Literal, Optional, Union
 from pathlib import Path
+from typing import List, Literal, Optional, Union
 
 import pytest
 import torch
@@ -22,17 +22,27 @@ pytest.importorskip("onnxruntime")
 
 from portable_spec.adapters.onnx import OnnxDrafterGraph  # noqa: E402
 from portable_spec.adapters.tensorrt_llm import (  # noqa: E402
-    DRAFT_DIR, LLM_API_OPTIONS_FILE, MANIFEST_FILE, MODULE_DIR, DFlashSpeculativeConfig, ExportRequest, dflash_weights,
-    export_for_trtllm, export_trtllm, validate_speculative_config,
+    DRAFT_DIR,
+    LLM_API_OPTIONS_FILE,
+    MANIFEST_FILE,
+    MODULE_DIR,
+    DFlashSpeculativeConfig,
+    ExportRequest,
+    dflash_weights,
+    export_for_trtllm,
+    export_trtllm,
+    validate_speculative_config,
 )
 from portable_spec.cli import main  # noqa: E402
 from portable_spec.core.drafter import Drafter  # noqa: E402
 from portable_spec.core.spec import VARIANT_KINDS, SpecError  # noqa: E402
-from portable_spec.training.train import drafter_config_for  # noqa: E402
 from portable_spec.core.target import TargetModel  # noqa: E402
 from portable_spec.core.testing import save_tiny_pair  # noqa: E402
+from portable_spec.training.train import drafter_config_for  # noqa: E402
 
 TOLERANCE = 1e-4
+
+
 # DFlashDecodingConfig as TensorRT-LLM's source defines it: tensorrt_llm/llmapi/llm_args.py at NVIDIA/TensorRT-LLM
 # commit 0004396720054fd8e205cbf616f21f0b57c6b412 (DecodingBaseConfig's fields + DFlash's own four; the same names as
 # the 1.3.0rc27 API reference). Types as declared there (validators that only fill defaults left out).
@@ -90,8 +100,11 @@ def test_dflash_route_parallel(pairs, tmp_path, dtype):
     assert set(spec) <= DFLASH_DECODING_CONFIG_FIELDS
     SourceDFlashDecodingConfig.model_validate(spec)  # names and types as TensorRT-LLM's source declares them
     assert validate_speculative_config(spec) == DFlashSpeculativeConfig(
-        max_draft_len=7, speculative_model=str((tmp_path / "out" / DRAFT_DIR).resolve()), mask_token_id=255,
-        target_layer_ids=[0, 1])
+        max_draft_len=7,
+        speculative_model=str((tmp_path / "out" / DRAFT_DIR).resolve()),
+        mask_token_id=255,
+        target_layer_ids=[0, 1],
+    )
     assert Path(spec["speculative_model"]).is_dir()  # points at the final dir, not the temp one
 
     yaml = pytest.importorskip("yaml")
@@ -101,8 +114,12 @@ def test_dflash_route_parallel(pairs, tmp_path, dtype):
 
     hf = AutoConfig.from_pretrained(out / DRAFT_DIR)  # a valid HF config: what TRT-LLM's loader parses
     assert hf.model_type == "qwen3" and hf.architectures == ["DFlashDraftModel"]
-    assert hf.dflash_config == {"mask_token_id": 255, "target_layer_ids": [0, 1], "block_size": 8,
-                                "num_target_layers": 3}
+    assert hf.dflash_config == {
+        "mask_token_id": 255,
+        "target_layer_ids": [0, 1],
+        "block_size": 8,
+        "num_target_layers": 3,
+    }
     assert hf.block_size == 8 and hf.num_hidden_layers == 2 and hf.head_dim == 32
 
     # Weights round-trip: same names, shapes and values (exact in float32, exactly rounded in bfloat16).
@@ -120,8 +137,10 @@ def test_dflash_route_parallel(pairs, tmp_path, dtype):
         positions = (6 + torch.arange(8)).expand(2, 1, 8)
         mask = torch.ones(2, 8, 6, dtype=torch.bool)
         with torch.no_grad():
-            assert torch.equal(rebuilt.eval().block_logits(block, positions, context, mask),
-                               drafter.block_logits(block, positions, context, mask))
+            assert torch.equal(
+                rebuilt.eval().block_logits(block, positions, context, mask),
+                drafter.block_logits(block, positions, context, mask),
+            )
     assert "tensorrt_llm" not in sys.modules
 
 
@@ -152,8 +171,15 @@ def test_dflash_route_depth_causal_needs_the_builder_registry(pairs, tmp_path):
 def test_dflash_weights_refuse_a_reduced_vocabulary(pairs):
     """DFlash in TensorRT-LLM scores with the target's full LM head; a draft-vocabulary drafter is refused by name."""
     target, _ = load(pairs, "parallel")
-    config = drafter_config_for(target, kind="parallel", block_size=8, num_hidden_layers=1, target_layer_ids=[0, 1],
-                                mask_token_id=255, draft_vocab_size=16)
+    config = drafter_config_for(
+        target,
+        kind="parallel",
+        block_size=8,
+        num_hidden_layers=1,
+        target_layer_ids=[0, 1],
+        mask_token_id=255,
+        draft_vocab_size=16,
+    )
     with pytest.raises(SpecError, match="draft_vocab_size=16: TensorRT-LLM"):
         dflash_weights(Drafter(config, target.shared_modules()), torch.float32)
 
@@ -183,21 +209,25 @@ def test_onnx_route(pairs, tmp_path, kind):
     block = torch.randint(0, 255, (4, 1, 8), generator=generator)
     block_positions = (11 + torch.arange(8)).expand(4, 1, 8)
     with torch.no_grad():
-        expected = drafter.block_logits(block, block_positions, drafter.context_kv(features, positions),
-                                        valid[:, None, :].expand(-1, 8, -1))
+        expected = drafter.block_logits(
+            block, block_positions, drafter.context_kv(features, positions), valid[:, None, :].expand(-1, 8, -1)
+        )
     error = (graph.block_logits(features, positions, valid, block, block_positions) - expected).abs().max().item()
     assert error <= TOLERANCE
 
 
-@pytest.mark.parametrize("request_, block_size, match", [
-    (ExportRequest("1.3.0", route="tensorrt"), None, "route='tensorrt' is unknown"),
-    (ExportRequest("latest"), None, "trtllm_version='latest' is not a version"),
-    (ExportRequest("1.3.0", dtype="int8"), None, "dtype='int8' is unknown"),
-    (ExportRequest("1.3.0", num_draft_tokens=8), None, "num_draft_tokens=8 does not fit block_size=8"),
-    (ExportRequest("1.2.1", route="onnx", opset=24), None, "opset=24 is not supported"),
-    (ExportRequest("1.3.0"), "dynamic", "dynamic block size cannot be exported"),
-    (ExportRequest("1.3.0"), 16, "block_size=16 differs from the checkpoint's block_size=8"),
-])
+@pytest.mark.parametrize(
+    "request_, block_size, match",
+    [
+        (ExportRequest("1.3.0", route="tensorrt"), None, "route='tensorrt' is unknown"),
+        (ExportRequest("latest"), None, "trtllm_version='latest' is not a version"),
+        (ExportRequest("1.3.0", dtype="int8"), None, "dtype='int8' is unknown"),
+        (ExportRequest("1.3.0", num_draft_tokens=8), None, "num_draft_tokens=8 does not fit block_size=8"),
+        (ExportRequest("1.2.1", route="onnx", opset=24), None, "opset=24 is not supported"),
+        (ExportRequest("1.3.0"), "dynamic", "dynamic block size cannot be exported"),
+        (ExportRequest("1.3.0"), 16, "block_size=16 differs from the checkpoint's block_size=8"),
+    ],
+)
 def test_bad_requests_leave_nothing(pairs, tmp_path, request_, block_size, match):
     target_dir, drafter_dir = pairs["parallel"]
     with pytest.raises(SpecError, match=match):
@@ -215,8 +245,12 @@ def test_cli_export_trtllm(pairs, tmp_path, capsys):
     args = ["export", "trtllm", str(drafter_dir), str(tmp_path / "out"), "--target", str(target_dir)]
     assert main(args + ["--trtllm-version", "1.3.0rc27", "--num-draft-tokens", "4"]) == 0
     assert '"max_draft_len": 4' in capsys.readouterr().out
-    assert {p.name for p in (tmp_path / "out").iterdir()} == {DRAFT_DIR, MANIFEST_FILE, LLM_API_OPTIONS_FILE,
-                                                          OUTPUT_MARKER}
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {
+        DRAFT_DIR,
+        MANIFEST_FILE,
+        LLM_API_OPTIONS_FILE,
+        OUTPUT_MARKER,
+    }
     assert main(args + ["--trtllm-version", "1.3.0rc27", "--num-draft-tokens", "0"]) == 2  # not silently 7
     assert "num_draft_tokens=0" in capsys.readouterr().err
     target_dir, drafter_dir = pairs["depth_causal"]

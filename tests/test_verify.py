@@ -66,7 +66,9 @@ def test_sampling_accepts_certain_draft():
     assert out.accepted_len.item() == 1
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0, top_k=3), SamplingParams(temperature=1.0, top_p=0.5)])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0, top_k=3), SamplingParams(temperature=1.0, top_p=0.5)]
+)
 def test_filters_shrink_support(params):
     logits = torch.tensor([[[4.0, 3.0, 2.0, 1.0, 0.0]]])
     probs = target_probs(logits, _batch(params, 1))[0, 0]
@@ -94,6 +96,11 @@ def test_draft_with_zero_draft_probability_is_rejected():
     draft_probs = torch.zeros(1, 1, 6)
     draft_probs[0, 0, :2] = 0.5  # the drafter's own q gives token 5 zero mass too
     for seed in range(20):
-        out = verify(logits, torch.tensor([[5]]), _batch(SamplingParams(temperature=1.0, top_k=2), 1),
-                     _noise(1, 1, 6, seed), draft_probs=draft_probs)
+        out = verify(
+            logits,
+            torch.tensor([[5]]),
+            _batch(SamplingParams(temperature=1.0, top_k=2), 1),
+            _noise(1, 1, 6, seed),
+            draft_probs=draft_probs,
+        )
         assert out.accepted_len.item() == 0 and out.next_token.item() in (0, 1)

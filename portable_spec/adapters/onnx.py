@@ -12,14 +12,20 @@ from pathlib import Path
 
 import torch
 
+from portable_spec.adapters.onnx_export import (
+    GRAPH_FILE,
+    INPUT_NAMES,
+    OUTPUT_NAME,
+    GraphMetadata,
+    _session_options,
+    export_bound_drafter,
+)
 from portable_spec.core.backends import Backend, ReferenceBackend
 from portable_spec.core.decode import SpeculativeDecoder
 from portable_spec.core.drafter import greedy_drafts
 from portable_spec.core.spec import DrafterConfig, SpecError
 from portable_spec.core.target import TargetModel
 from portable_spec.core.variants import behaviour_of
-
-from portable_spec.adapters.onnx_export import GRAPH_FILE, INPUT_NAMES, OUTPUT_NAME, GraphMetadata, _session_options, export_bound_drafter
 
 
 class OnnxDrafterGraph:
@@ -56,8 +62,13 @@ class OnnxDrafterGraph:
             block_ids = torch.cat((block_ids, pad), dim=-1)
             tail = block_positions[..., -1:] + torch.arange(1, k - width + 1, device=block_positions.device)
             block_positions = torch.cat((block_positions, tail), dim=-1)
-        inputs = (features.float(), context_positions.long(), context_valid.bool(), block_ids.long(),
-                  block_positions.long())
+        inputs = (
+            features.float(),
+            context_positions.long(),
+            context_valid.bool(),
+            block_ids.long(),
+            block_positions.long(),
+        )
         feeds = {name: tensor.detach().cpu().numpy() for name, tensor in zip(INPUT_NAMES, inputs)}
         (logits,) = self.session.run([OUTPUT_NAME], feeds)
         return torch.from_numpy(logits)[..., :width, :]  # [B, 1, width, V]
@@ -144,8 +155,9 @@ class OnnxBackend(Backend):
             self._graphs[key] = OnnxDrafterGraph(graph_dir, target)
         return self._graphs[key]
 
-    def block_logits(self, target_dir, drafter_dir, features, context_positions, context_valid, block_ids,
-                     block_positions):
+    def block_logits(
+        self, target_dir, drafter_dir, features, context_positions, context_valid, block_ids, block_positions
+    ):
         graph = self.graph(TargetModel.load(target_dir), target_dir, drafter_dir)
         return graph.block_logits(features, context_positions, context_valid, block_ids, block_positions)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from portable_spec.core.outputs import check_output_dir, write_dir_atomically
 from portable_spec.core.drafter import Drafter
+from portable_spec.core.outputs import check_output_dir, write_dir_atomically
 from portable_spec.core.spec import DrafterConfig, SpecError, parse_config, read_config
 from portable_spec.core.target import TargetModel
 
@@ -76,10 +76,20 @@ class GraphMetadata:
                 f"{ONNX_FORMAT_VERSION}; re-export the graph with this version"
             )
         config = parse_config(json.loads(get("drafter_config")), f"{source} metadata drafter_config")
-        meta = cls(version, get("variant"), int(get("block_size")), get("target_fingerprint"),
-                   json.loads(get("target_layer_ids")), int(get("opset")), config)
+        meta = cls(
+            version,
+            get("variant"),
+            int(get("block_size")),
+            get("target_fingerprint"),
+            json.loads(get("target_layer_ids")),
+            int(get("opset")),
+            config,
+        )
         if (meta.variant, meta.block_size, meta.target_fingerprint, meta.target_layer_ids) != (
-            config.kind, config.block_size, config.target.fingerprint, config.target_layer_ids
+            config.kind,
+            config.block_size,
+            config.target.fingerprint,
+            config.target_layer_ids,
         ):
             raise SpecError(f"{source}: metadata_props disagree with the embedded drafter_config; re-export it")
         return meta
@@ -147,8 +157,9 @@ def check_block_size(requested: str | int | None, config: DrafterConfig) -> None
     try:
         value = int(requested)
     except ValueError:
-        raise SpecError(f"block_size={requested!r} is not an integer; omit --block-size "
-                        f"(the checkpoint has {config.block_size})") from None
+        raise SpecError(
+            f"block_size={requested!r} is not an integer; omit --block-size (the checkpoint has {config.block_size})"
+        ) from None
     if value != config.block_size:
         raise SpecError(
             f"block_size={requested} differs from the checkpoint's block_size={config.block_size}; the graph is "
@@ -169,14 +180,22 @@ def example_inputs(config: DrafterConfig, batch: int = 2, context: int = 5, seed
     return features, positions, valid, block_ids, block_positions
 
 
-def export_bound_drafter(target: TargetModel, drafter: Drafter, out_dir: Path, opset: int = DEFAULT_OPSET,
-                         block_size: str | int | None = None, verify: bool = True, force: bool = False) -> Path:
+def export_bound_drafter(
+    target: TargetModel,
+    drafter: Drafter,
+    out_dir: Path,
+    opset: int = DEFAULT_OPSET,
+    block_size: str | int | None = None,
+    verify: bool = True,
+    force: bool = False,
+) -> Path:
     """Write out_dir/{drafter.onnx, config.json, export.json} atomically; nothing is left on any error."""
     check_opset(opset)
     check_block_size(block_size, drafter.config)
     bound = bind_for_export(target, drafter)
-    return write_dir_atomically(Path(out_dir), lambda tmp: write_graph_files(tmp, bound, opset, verify),
-                                kind="onnx-export", force=force)
+    return write_dir_atomically(
+        Path(out_dir), lambda tmp: write_graph_files(tmp, bound, opset, verify), kind="onnx-export", force=force
+    )
 
 
 def bind_for_export(target: TargetModel, drafter: Drafter) -> BoundDrafter:
@@ -195,8 +214,15 @@ def write_graph_files(out: Path, bound: BoundDrafter, opset: int, verify: bool =
     import onnx  # lazy: the core never imports engines or exporters
 
     config = bound.drafter.config
-    meta = GraphMetadata(ONNX_FORMAT_VERSION, config.kind, config.block_size, config.target.fingerprint,
-                         list(config.target_layer_ids), opset, config)
+    meta = GraphMetadata(
+        ONNX_FORMAT_VERSION,
+        config.kind,
+        config.block_size,
+        config.target.fingerprint,
+        list(config.target_layer_ids),
+        opset,
+        config,
+    )
     start = time.perf_counter()
     graph_path = out / GRAPH_FILE
     _trace_to_onnx(bound, example_inputs(config), graph_path, opset)
@@ -205,10 +231,17 @@ def write_graph_files(out: Path, bound: BoundDrafter, opset: int, verify: bool =
         model.metadata_props.add(key=key, value=value)
     onnx.save(model, str(graph_path))
     onnx.checker.check_model(str(graph_path))
-    manifest = {"format_version": ONNX_FORMAT_VERSION, "opset": opset, "variant": config.kind,
-                "block_size": config.block_size, "target_model_id": config.target.model_id,
-                "target_fingerprint": config.target.fingerprint, "inputs": list(INPUT_NAMES),
-                "output": OUTPUT_NAME, "export_seconds": round(time.perf_counter() - start, 3)}
+    manifest = {
+        "format_version": ONNX_FORMAT_VERSION,
+        "opset": opset,
+        "variant": config.kind,
+        "block_size": config.block_size,
+        "target_model_id": config.target.model_id,
+        "target_fingerprint": config.target.fingerprint,
+        "inputs": list(INPUT_NAMES),
+        "output": OUTPUT_NAME,
+        "export_seconds": round(time.perf_counter() - start, 3),
+    }
     if verify:
         manifest["verified_max_abs_error"] = verify_graph(bound, graph_path)
         manifest["tolerance"] = EXPORT_TOLERANCE
@@ -222,8 +255,16 @@ def _trace_to_onnx(bound: BoundDrafter, inputs: tuple[torch.Tensor, ...], path: 
     dynamic.update({name: {0: "batch"} for name in (*INPUT_NAMES[3:], OUTPUT_NAME)})
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings on shape checks that are constant by construction
-        torch.onnx.export(bound, inputs, str(path), dynamo=False, opset_version=opset,
-                          input_names=list(INPUT_NAMES), output_names=[OUTPUT_NAME], dynamic_axes=dynamic)
+        torch.onnx.export(
+            bound,
+            inputs,
+            str(path),
+            dynamo=False,
+            opset_version=opset,
+            input_names=list(INPUT_NAMES),
+            output_names=[OUTPUT_NAME],
+            dynamic_axes=dynamic,
+        )
 
 
 def verify_graph(bound: BoundDrafter, graph_path: Path) -> float:
@@ -256,8 +297,15 @@ def _session_options():
     return options
 
 
-def export_onnx(drafter_dir: Path, target_dir: Path, out_dir: Path, opset: int = DEFAULT_OPSET,
-                block_size: str | int | None = None, verify: bool = True, force: bool = False) -> Path:
+def export_onnx(
+    drafter_dir: Path,
+    target_dir: Path,
+    out_dir: Path,
+    opset: int = DEFAULT_OPSET,
+    block_size: str | int | None = None,
+    verify: bool = True,
+    force: bool = False,
+) -> Path:
     """`portable-spec export onnx`: cheap checks first (opset, block size), then load, bind and export."""
     check_opset(opset)
     check_block_size(block_size, read_config(Path(drafter_dir)))

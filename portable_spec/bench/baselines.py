@@ -20,8 +20,13 @@ class BaselineRun:
 
 
 @torch.inference_mode()
-def hf_generate(target: TargetModel, prompts: list[list[int]], max_new_tokens: int, stop_token_ids: tuple[int, ...],
-                prompt_lookup_num_tokens: int | None = None) -> BaselineRun:
+def hf_generate(
+    target: TargetModel,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    stop_token_ids: tuple[int, ...],
+    prompt_lookup_num_tokens: int | None = None,
+) -> BaselineRun:
     """Greedy HF `generate` (or prompt lookup when prompt_lookup_num_tokens is set), batch 1, output cut at the
     first stop token exactly as the reference loop cuts it."""
     model, tokens, seconds = target.model, [], 0.0
@@ -31,11 +36,18 @@ def hf_generate(target: TargetModel, prompts: list[list[int]], max_new_tokens: i
         ids = torch.tensor([prompt], device=target.device)
         synchronize(target.device)
         start = time.perf_counter()
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=(eos or [0])[0], **extra)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=(eos or [0])[0],
+            **extra,
+        )
         synchronize(target.device)
         seconds += time.perf_counter() - start
-        generated = out[0, len(prompt):].tolist()
+        generated = out[0, len(prompt) :].tolist()
         for index, token in enumerate(generated):
             if token in stop_token_ids:
                 generated = generated[: index + 1]

@@ -28,10 +28,12 @@ class BenchSetup:
     default_confidence: float = 0.0
 
 
-def load_setup(which: str, kinds: tuple[str, ...] = VARIANT_KINDS, device: str = "cpu",
-               drafter_dirs: dict[str, Path] | None = None) -> BenchSetup:
+def load_setup(
+    which: str, kinds: tuple[str, ...] = VARIANT_KINDS, device: str = "cpu", drafter_dirs: dict[str, Path] | None = None
+) -> BenchSetup:
     """The target on `device` and its drafters: the shipped ones of `kinds`, or `drafter_dirs` (row name ->
     checkpoint directory) instead, e.g. freshly trained drafters beside the shipped ones."""
+
     def drafters_for(target: TargetModel, shipped) -> dict[str, Drafter]:
         dirs = drafter_dirs if drafter_dirs else {kind: shipped(kind) for kind in kinds}
         return {name: target.load_drafter(path).to(device) for name, path in dirs.items()}
@@ -40,8 +42,14 @@ def load_setup(which: str, kinds: tuple[str, ...] = VARIANT_KINDS, device: str =
         target = TargetModel.load(fixtures.target_dir())
         target.model.to(device)
         drafters = drafters_for(target, fixtures.drafter_dir)
-        return BenchSetup(which, target, drafters, fixtures.heldout_prompts(), (),
-                          f"fixture target {fixtures.target_dir()} (held-out Python stdlib prompts)")
+        return BenchSetup(
+            which,
+            target,
+            drafters,
+            fixtures.heldout_prompts(),
+            (),
+            f"fixture target {fixtures.target_dir()} (held-out Python stdlib prompts)",
+        )
     from transformers import AutoTokenizer
 
     from portable_spec.core.real_target import fetch_target
@@ -51,9 +59,15 @@ def load_setup(which: str, kinds: tuple[str, ...] = VARIANT_KINDS, device: str =
     target.model.to(device)
     drafters = drafters_for(target, real_assets.drafter_dir)
     eos = AutoTokenizer.from_pretrained(str(target_dir)).eos_token_id
-    return BenchSetup(which, target, drafters, real_assets.heldout_prompts(), (eos,),
-                      "SmolLM2-135M-Instruct (held-out ShareGPT prompts, chat template, stop at <|im_end|>)",
-                      default_num_drafts=3)  # block 4: the fastest block on a 2-core CPU (docs/benchmarks/smollm2)
+    return BenchSetup(
+        which,
+        target,
+        drafters,
+        real_assets.heldout_prompts(),
+        (eos,),
+        "SmolLM2-135M-Instruct (held-out ShareGPT prompts, chat template, stop at <|im_end|>)",
+        default_num_drafts=3,
+    )  # block 4: the fastest block on a 2-core CPU (docs/benchmarks/smollm2)
 
 
 def device_name(device: torch.device) -> str:

@@ -33,8 +33,11 @@ class DecodeJob:
 
 def grid(drafters: dict[str, Drafter], num_draft_tokens: list[int], draft_confidence: float = 0.0) -> list[DecodeJob]:
     suffix = f" (cut < {draft_confidence:g})" if draft_confidence else ""
-    return [DecodeJob(name + suffix, drafter, n, draft_confidence)
-            for name, drafter in drafters.items() for n in num_draft_tokens]
+    return [
+        DecodeJob(name + suffix, drafter, n, draft_confidence)
+        for name, drafter in drafters.items()
+        for n in num_draft_tokens
+    ]
 
 
 @dataclass
@@ -92,8 +95,9 @@ def compare(
     base = GenerationConfig(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
     rows, reference, reference_tps = [], None, None
     for job in tqdm([DecodeJob(PLAIN, None, 0)] + jobs, desc="decode", disable=not progress):
-        config = base.model_copy(update={"num_draft_tokens": max(job.num_draft_tokens, 1),
-                                         "draft_confidence": job.draft_confidence})
+        config = base.model_copy(
+            update={"num_draft_tokens": max(job.num_draft_tokens, 1), "draft_confidence": job.draft_confidence}
+        )
         with torch.inference_mode():
             tokens, rounds, drafter_passes, seconds, emitted, verified = _run(
                 SpeculativeDecoder(target, job.drafter, job.decode_matmul), prompts, config, batch_size
@@ -103,32 +107,46 @@ def compare(
         if reference is None:
             reference, reference_tps = tokens, tps
         n = job.num_draft_tokens
-        rows.append(ComparisonRow(
-            drafter=job.name, num_draft_tokens=n,
-            acceptance_length=sum(emitted) / len(emitted) if emitted else math.nan,  # no round: prefill only
-            target_passes_per_token=(rounds + len(prompts)) / generated,
-            drafter_passes_per_token=drafter_passes / generated,
-            tokens_per_second=tps, speedup=tps / reference_tps, matches_autoregressive=tokens == reference,
-            drafter_params=sum(p.numel() for p in job.drafter.parameters()) if job.drafter is not None else 0,
-            batch_size=batch_size, acceptance_by_position=(
-                acceptance_by_position(emitted, n) if n and not job.draft_confidence else []),
-            drafts_verified_per_round=verified / len(emitted) if emitted else math.nan,
-        ))
+        rows.append(
+            ComparisonRow(
+                drafter=job.name,
+                num_draft_tokens=n,
+                acceptance_length=sum(emitted) / len(emitted) if emitted else math.nan,  # no round: prefill only
+                target_passes_per_token=(rounds + len(prompts)) / generated,
+                drafter_passes_per_token=drafter_passes / generated,
+                tokens_per_second=tps,
+                speedup=tps / reference_tps,
+                matches_autoregressive=tokens == reference,
+                drafter_params=sum(p.numel() for p in job.drafter.parameters()) if job.drafter is not None else 0,
+                batch_size=batch_size,
+                acceptance_by_position=(acceptance_by_position(emitted, n) if n and not job.draft_confidence else []),
+                drafts_verified_per_round=verified / len(emitted) if emitted else math.nan,
+            )
+        )
     if hf_baselines:
         for lookup in (None, prompt_lookup_num_tokens):
             run = hf_generate(target, prompts, max_new_tokens, stop_token_ids, lookup)
             tps = sum(len(t) for t in run.tokens) / run.seconds
-            rows.append(ComparisonRow(
-                drafter=run.name, num_draft_tokens=lookup or 0, acceptance_length=1.0 if lookup is None else math.nan,
-                target_passes_per_token=1.0 if lookup is None else math.nan, drafter_passes_per_token=0.0,
-                tokens_per_second=tps, speedup=tps / reference_tps, matches_autoregressive=run.tokens == reference,
-            ))
+            rows.append(
+                ComparisonRow(
+                    drafter=run.name,
+                    num_draft_tokens=lookup or 0,
+                    acceptance_length=1.0 if lookup is None else math.nan,
+                    target_passes_per_token=1.0 if lookup is None else math.nan,
+                    drafter_passes_per_token=0.0,
+                    tokens_per_second=tps,
+                    speedup=tps / reference_tps,
+                    matches_autoregressive=run.tokens == reference,
+                )
+            )
     return rows
 
 
 def format_table(rows: list[ComparisonRow]) -> str:
-    header = ("| decoding | batch | drafter params | draft tokens | verified/round | tau | target passes/token | "
-              "drafter passes/token | tokens/s | speedup vs plain | output == plain greedy |")
+    header = (
+        "| decoding | batch | drafter params | draft tokens | verified/round | tau | target passes/token | "
+        "drafter passes/token | tokens/s | speedup vs plain | output == plain greedy |"
+    )
     lines = [header, "|" + "---|" * 11]
     for r in rows:
         tau = "n/a" if math.isnan(r.acceptance_length) else f"{r.acceptance_length:.2f}"

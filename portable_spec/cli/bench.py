@@ -15,12 +15,20 @@ DEFAULT_BATCH_SIZES = {"decode": [1, 4], "vllm": [1, 8]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("what", nargs="?", default="decode", choices=BENCHES,
-                        help="decode: speculative decoding vs autoregressive (reference loop); vllm: the same drafters "
-                        "inside vLLM vs vLLM's ngram, dflash and no speculation; kernels: Triton kernels vs torch twins.")
+    parser.add_argument(
+        "what",
+        nargs="?",
+        default="decode",
+        choices=BENCHES,
+        help="decode: speculative decoding vs autoregressive (reference loop); vllm: the same drafters "
+        "inside vLLM vs vLLM's ngram, dflash and no speculation; kernels: Triton kernels vs torch twins.",
+    )
     parser.add_argument("--kernel-repeats", type=int, default=5, help="kernels on CPU: timed runs per torch twin.")
-    parser.add_argument("--interpret", action="store_true",
-                        help="kernels on CPU: also check the kernels in Triton's interpreter (correctness, not time).")
+    parser.add_argument(
+        "--interpret",
+        action="store_true",
+        help="kernels on CPU: also check the kernels in Triton's interpreter (correctness, not time).",
+    )
     from portable_spec.cli.bench_decode import add_decode_arguments
 
     add_decode_arguments(parser)

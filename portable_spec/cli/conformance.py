@@ -56,29 +56,51 @@ def check_report_path(path: Path, force: bool) -> None:
                 raise SpecError(f"--output {path}: {parent} is a file, so no folder can be made there")
             first = path.read_text(errors="replace").split("\n", 1)[0]
             if first != REPORT_HEADING and not force:
-                raise SpecError(f"--output {path}: exists and is not a conformance report portable-spec wrote; pass "
-                                "another path, or --force to replace it")
+                raise SpecError(
+                    f"--output {path}: exists and is not a conformance report portable-spec wrote; pass "
+                    "another path, or --force to replace it"
+                )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", nargs="+", metavar="NAME", help="Backends to check (default: every registered).")
-    parser.add_argument("--checks", nargs="+", metavar="PATTERN", default=["*"],
-                        help="fnmatch patterns over check ids, e.g. 'golden/*' (default: all).")
-    parser.add_argument("--output", type=Path, default=Path("docs/conformance.md"),
-                        help="Markdown report to write (atomically); '-' writes nothing.")
+    parser.add_argument(
+        "--checks",
+        nargs="+",
+        metavar="PATTERN",
+        default=["*"],
+        help="fnmatch patterns over check ids, e.g. 'golden/*' (default: all).",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=Path("docs/conformance.md"),
+        help="Markdown report to write (atomically); '-' writes nothing.",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (the models are tiny).")
     parser.add_argument("--force", action="store_true", help="Replace an --output file this command did not write.")
-    parser.add_argument("--check-report", type=Path, metavar="PATH",
-                        help="Also compare every backend column that ran here with the committed report at PATH "
-                             "(status and reason per check); exit 1 if any differs, i.e. the report is stale.")
+    parser.add_argument(
+        "--check-report",
+        type=Path,
+        metavar="PATH",
+        help="Also compare every backend column that ran here with the committed report at PATH "
+        "(status and reason per check); exit 1 if any differs, i.e. the report is stale.",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from portable_spec.conformance.checks import all_checks
-    from portable_spec.conformance.runner import (FAILING, SKIP, format_report, load_expected_failures,
-                                          resolve_backend, run_suite)
-    from portable_spec.conformance.workspace import Workspace
     from transformers.utils import logging as transformers_logging
+
+    from portable_spec.conformance.checks import all_checks
+    from portable_spec.conformance.runner import (
+        FAILING,
+        SKIP,
+        format_report,
+        load_expected_failures,
+        resolve_backend,
+        run_suite,
+    )
+    from portable_spec.conformance.workspace import Workspace
 
     registered = backend_names()
     names = args.backends or registered
@@ -117,7 +139,13 @@ def run(args: argparse.Namespace) -> int:
         stale = stale_cells(outcomes, args.check_report, ran)
         for line in stale:
             print(f"stale: {line}")
-        print(f"{args.check_report}: " + (f"{len(stale)} cells differ from this run (backends {sorted(ran)}); "
-                                          "regenerate it with `portable-spec conformance`" if stale else
-                                          f"current for backends {sorted(ran)}"))
+        print(
+            f"{args.check_report}: "
+            + (
+                f"{len(stale)} cells differ from this run (backends {sorted(ran)}); "
+                "regenerate it with `portable-spec conformance`"
+                if stale
+                else f"current for backends {sorted(ran)}"
+            )
+        )
     return 1 if failing or stale else 0

@@ -13,15 +13,27 @@ from portable_spec.core.spec import VARIANT_KINDS, SpecError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", choices=TARGET_CHOICES, default="smollm2",
-                        help="smollm2: the real target (converted on first use); fixture: the tiny test models.")
+    parser.add_argument(
+        "--target",
+        choices=TARGET_CHOICES,
+        default="smollm2",
+        help="smollm2: the real target (converted on first use); fixture: the tiny test models.",
+    )
     parser.add_argument("--prompts", type=int, default=4, help="Held-out prompts to decode.")
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--num-draft-tokens", type=int, default=None,
-                        help="Draft tokens per round (default: what the benchmark found best on each target).")
-    parser.add_argument("--draft-confidence", type=float, default=None,
-                        help="Also run each drafter verifying only the draft prefix it is this confident in "
-                             "(product of its probabilities); off by default.")
+    parser.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=None,
+        help="Draft tokens per round (default: what the benchmark found best on each target).",
+    )
+    parser.add_argument(
+        "--draft-confidence",
+        type=float,
+        default=None,
+        help="Also run each drafter verifying only the draft prefix it is this confident in "
+        "(product of its probabilities); off by default.",
+    )
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--kinds", nargs="+", default=list(VARIANT_KINDS), choices=VARIANT_KINDS)
     parser.add_argument("--no-hf", action="store_true", help="Skip the HF generate / prompt-lookup rows.")
@@ -39,15 +51,26 @@ def run(args: argparse.Namespace) -> int:
     setup = load_setup(args.target, args.kinds)
     num_drafts = setup.default_num_drafts if args.num_draft_tokens is None else args.num_draft_tokens
     prompts = setup.prompts[: args.prompts]
-    print(f"target: {setup.describe}, {param_count(setup.target):.1f}M params; {len(prompts)} prompts, "
-          f"up to {args.max_new_tokens} new tokens each, greedy, batch {args.batch_size}, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"target: {setup.describe}, {param_count(setup.target):.1f}M params; {len(prompts)} prompts, "
+        f"up to {args.max_new_tokens} new tokens each, greedy, batch {args.batch_size}, "
+        f"{torch.get_num_threads()} threads"
+    )
     confidence = args.draft_confidence if args.draft_confidence is not None else setup.default_confidence
     jobs = grid(setup.drafters, [num_drafts]) + (grid(setup.drafters, [num_drafts], confidence) if confidence else [])
-    rows = compare(setup.target, jobs, prompts, args.max_new_tokens, args.batch_size,
-                   stop_token_ids=setup.stop_token_ids, hf_baselines=not args.no_hf and args.batch_size == 1)
+    rows = compare(
+        setup.target,
+        jobs,
+        prompts,
+        args.max_new_tokens,
+        args.batch_size,
+        stop_token_ids=setup.stop_token_ids,
+        hf_baselines=not args.no_hf and args.batch_size == 1,
+    )
     print(format_table(rows))
     lossless = all(row.matches_autoregressive for row in rows if row.drafter_params)
-    print("every speculative output equals plain greedy output token for token: "
-          + ("yes" if lossless else "NO (bug: please report)"))
+    print(
+        "every speculative output equals plain greedy output token for token: "
+        + ("yes" if lossless else "NO (bug: please report)")
+    )
     return 0 if lossless else 1

@@ -17,16 +17,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     trtllm = formats.add_parser("trtllm", help="What TensorRT-LLM's build/load step consumes, per version.")
     for sub in (onnx, trtllm):
         sub.add_argument("drafter", help="Drafter checkpoint directory.")
-        sub.add_argument("out", help="Output directory: new, empty, or a previous export of the same kind (replaced atomically).")
+        sub.add_argument(
+            "out", help="Output directory: new, empty, or a previous export of the same kind (replaced atomically)."
+        )
         sub.add_argument("--target", required=True, help="Target model directory the drafter is bound to.")
         sub.add_argument("--block-size", help="Must equal the checkpoint's block_size ('dynamic' is refused).")
         sub.add_argument("--opset", type=int, default=17, help="ONNX opset, 14..20 (default 17).")
-        sub.add_argument("--force", action="store_true",
-                         help="Replace OUT even if it holds files portable-spec did not write (never an input).")
+        sub.add_argument(
+            "--force",
+            action="store_true",
+            help="Replace OUT even if it holds files portable-spec did not write (never an input).",
+        )
     onnx.add_argument("--no-verify", action="store_true", help="Skip the onnxruntime-vs-torch check after export.")
     trtllm.add_argument("--trtllm-version", help="Target TensorRT-LLM version (default: the installed one).")
-    trtllm.add_argument("--route", default="auto", choices=("auto", "dflash", "onnx"),
-                        help="auto = dflash (>= 1.3, parallel drafters); onnx = standalone TensorRT drafter engine.")
+    trtllm.add_argument(
+        "--route",
+        default="auto",
+        choices=("auto", "dflash", "onnx"),
+        help="auto = dflash (>= 1.3, parallel drafters); onnx = standalone TensorRT drafter engine.",
+    )
     trtllm.add_argument("--num-draft-tokens", type=int, help="max_draft_len (default block_size - 1).")
     trtllm.add_argument("--dtype", default="bfloat16", help="dflash route checkpoint dtype: bfloat16|float16|float32.")
     trtllm.add_argument("--max-batch", type=int, default=8, help="onnx route: TensorRT profile max batch.")
@@ -40,23 +49,40 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "onnx":
         from portable_spec.adapters.onnx_export import MANIFEST_FILE, export_onnx
 
-        out = export_onnx(args.drafter, args.target, args.out, args.opset, args.block_size, not args.no_verify,
-                          args.force)
+        out = export_onnx(
+            args.drafter, args.target, args.out, args.opset, args.block_size, not args.no_verify, args.force
+        )
         manifest = json.loads((out / MANIFEST_FILE).read_text())
         error = manifest.get("verified_max_abs_error")
-        print(f"wrote {out}: {manifest['variant']} drafter, block_size={manifest['block_size']}, opset={args.opset}"
-              + (f", onnxruntime vs torch max abs logits error {error:.2e}" if error is not None else "")
-              + f" ({time.perf_counter() - start:.1f}s)")
+        print(
+            f"wrote {out}: {manifest['variant']} drafter, block_size={manifest['block_size']}, opset={args.opset}"
+            + (f", onnxruntime vs torch max abs logits error {error:.2e}" if error is not None else "")
+            + f" ({time.perf_counter() - start:.1f}s)"
+        )
         return 0
 
-    from portable_spec.adapters.tensorrt_llm import MANIFEST_FILE, ExportRequest, export_trtllm, installed_trtllm_version
+    from portable_spec.adapters.tensorrt_llm import (
+        MANIFEST_FILE,
+        ExportRequest,
+        export_trtllm,
+        installed_trtllm_version,
+    )
 
     version = args.trtllm_version or installed_trtllm_version()
     if version is None:
-        raise SpecError("trtllm_version: TensorRT-LLM is not installed here; pass --trtllm-version "
-                        "(e.g. 1.3.0rc27 for the DFlash route, 1.2.1 for the ONNX route)")
-    request = ExportRequest(trtllm_version=version, route=args.route, num_draft_tokens=args.num_draft_tokens,
-                            dtype=args.dtype, opset=args.opset, max_batch=args.max_batch, max_context=args.max_context)
+        raise SpecError(
+            "trtllm_version: TensorRT-LLM is not installed here; pass --trtllm-version "
+            "(e.g. 1.3.0rc27 for the DFlash route, 1.2.1 for the ONNX route)"
+        )
+    request = ExportRequest(
+        trtllm_version=version,
+        route=args.route,
+        num_draft_tokens=args.num_draft_tokens,
+        dtype=args.dtype,
+        opset=args.opset,
+        max_batch=args.max_batch,
+        max_context=args.max_context,
+    )
     out = export_trtllm(args.drafter, args.target, args.out, request, args.block_size, args.force)
     manifest = json.loads((out / MANIFEST_FILE).read_text())
     print(f"wrote {out}: route={manifest['route']} for TensorRT-LLM {version} ({time.perf_counter() - start:.1f}s)")

@@ -18,8 +18,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", help="Drafter checkpoint; omit for autoregressive decoding.")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--num-draft-tokens", type=int, default=7)
-    parser.add_argument("--draft-confidence", type=float, default=0.0,
-                        help="Verify only the draft prefix the drafter is this confident in (0: all drafts).")
+    parser.add_argument(
+        "--draft-confidence",
+        type=float,
+        default=0.0,
+        help="Verify only the draft prefix the drafter is this confident in (0: all drafts).",
+    )
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -28,15 +32,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = GenerationConfig(  # every option checked before a model loads
-        max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, seed=args.seed,
+        max_new_tokens=args.max_new_tokens,
+        num_draft_tokens=args.num_draft_tokens,
+        seed=args.seed,
         draft_confidence=args.draft_confidence,
         sampling={"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p},
     )
     try:
         args.prompt.encode("utf-8")
     except UnicodeEncodeError:
-        raise SpecError("prompt: not valid UTF-8 text (the shell passed undecodable bytes); pass the prompt as "
-                        "UTF-8") from None
+        raise SpecError(
+            "prompt: not valid UTF-8 text (the shell passed undecodable bytes); pass the prompt as UTF-8"
+        ) from None
     if args.drafter:
         read_config(args.drafter).check_num_draft_tokens(args.num_draft_tokens)
     check_target_dir(Path(args.target))

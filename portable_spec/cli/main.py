@@ -36,9 +36,12 @@ def describe_validation_error(error: ValidationError) -> str:
 
 
 def _os_fix(error: OSError) -> str:
-    fixes = {errno.ENOSPC: "; free disk space and rerun (outputs are written whole or not at all)",
-             errno.EACCES: "; pass a path you may write to", errno.EROFS: "; pass a writable path",
-             errno.ELOOP: "; a symlink loop: pass the real path"}
+    fixes = {
+        errno.ENOSPC: "; free disk space and rerun (outputs are written whole or not at all)",
+        errno.EACCES: "; pass a path you may write to",
+        errno.EROFS: "; pass a writable path",
+        errno.ELOOP: "; a symlink loop: pass the real path",
+    }
     return fixes.get(error.errno, "")
 
 
@@ -71,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if args.debug:
             raise
-        print("error: interrupted; outputs are written whole or not at all, so nothing half-written was left",
-              file=sys.stderr)
+        print(
+            "error: interrupted; outputs are written whole or not at all, so nothing half-written was left",
+            file=sys.stderr,
+        )
         return 130
     except Exception as error:  # noqa: BLE001 - the one place errors become `error:` lines
         if args.debug:

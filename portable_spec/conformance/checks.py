@@ -15,20 +15,23 @@ from typing import Callable
 import numpy as np
 import torch
 
+from portable_spec.conformance.distribution import ALPHA, DRAWS, SAMPLING, distribution_fits
+from portable_spec.conformance.golden import GOLDEN_DIR, case_paths, load_case, to_tensors
+from portable_spec.conformance.workspace import CheckSkipped, Workspace, trained_fixture
 from portable_spec.core.backends import Backend, is_reference
 from portable_spec.core.decode import GenerationConfig
 from portable_spec.core.sampling import SamplingParams
 from portable_spec.core.spec import VARIANT_KINDS, read_config
 from portable_spec.core.testing import TINY_TARGET
 
-from portable_spec.conformance.distribution import ALPHA, DRAWS, SAMPLING, distribution_fits
-from portable_spec.conformance.golden import GOLDEN_DIR, case_paths, load_case, to_tensors
-from portable_spec.conformance.workspace import CheckSkipped, Workspace, trained_fixture
-
 TOLERANCE = 1e-4  # logits and features: backends differ by float rounding (~1e-6), a wrong layer by O(1)
 TINY_GREEDY = GenerationConfig(max_new_tokens=24, num_draft_tokens=5)
-TINY_SAMPLED = GenerationConfig(max_new_tokens=24, num_draft_tokens=5, seed=2**33 + 5,
-                                sampling=SamplingParams(temperature=0.8, top_k=40, top_p=0.95))
+TINY_SAMPLED = GenerationConfig(
+    max_new_tokens=24,
+    num_draft_tokens=5,
+    seed=2**33 + 5,
+    sampling=SamplingParams(temperature=0.8, top_k=40, top_p=0.95),
+)
 HELDOUT_GREEDY = GenerationConfig(max_new_tokens=32, num_draft_tokens=7)
 HELDOUT_LENGTHS = (48, 40, 33, 45)  # ragged batch cut from the first held-out prompts
 
@@ -59,11 +62,16 @@ class Check:
 def _not_itself(label: str, actual, expected) -> None:
     """A comparison of an object with itself proves nothing: refuse it (a backend handing back the reference's own
     result, or a check comparing the reference with the reference)."""
-    shared = actual is expected or (isinstance(actual, torch.Tensor) and isinstance(expected, torch.Tensor)
-                                    and actual.untyped_storage().data_ptr() == expected.untyped_storage().data_ptr())
+    shared = actual is expected or (
+        isinstance(actual, torch.Tensor)
+        and isinstance(expected, torch.Tensor)
+        and actual.untyped_storage().data_ptr() == expected.untyped_storage().data_ptr()
+    )
     if shared:
-        raise CheckFailed(f"{label}: compared an object with itself (the backend returned the reference's own result, "
-                          "or the check compared the reference with the reference): nothing was tested")
+        raise CheckFailed(
+            f"{label}: compared an object with itself (the backend returned the reference's own result, "
+            "or the check compared the reference with the reference): nothing was tested"
+        )
 
 
 def _same(label: str, actual: list, expected: list) -> None:
@@ -77,8 +85,10 @@ def _same(label: str, actual: list, expected: list) -> None:
     if not (isinstance(a, list) and isinstance(e, list)):
         raise CheckFailed(f"{label}: got {actual}, expected {expected} (first difference at request {row})")
     at = next((i for i, (x, y) in enumerate(zip(a, e)) if x != y), min(len(a), len(e)))
-    raise CheckFailed(f"{label}: request {row} differs from token {at} on: got {a[at:at + 8]}, expected {e[at:at + 8]} "
-                      f"(lengths {len(a)}, {len(e)})")
+    raise CheckFailed(
+        f"{label}: request {row} differs from token {at} on: got {a[at : at + 8]}, expected {e[at : at + 8]} "
+        f"(lengths {len(a)}, {len(e)})"
+    )
 
 
 def _close(label: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
@@ -89,8 +99,10 @@ def _close(label: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
     bound = TOLERANCE * (1 + expected.abs())
     if bool((diff > bound).any()):
         index = tuple(int(i) for i in torch.unravel_index((diff - bound).flatten().argmax(), diff.shape))
-        raise CheckFailed(f"{label}: max |diff| {float(diff.max()):.3g} > {TOLERANCE:g} * (1 + |ref|), "
-                          f"worst at {index}: got {float(actual[index]):.6g}, expected {float(expected[index]):.6g}")
+        raise CheckFailed(
+            f"{label}: max |diff| {float(diff.max()):.3g} > {TOLERANCE:g} * (1 + |ref|), "
+            f"worst at {index}: got {float(actual[index]):.6g}, expected {float(expected[index]):.6g}"
+        )
 
 
 def _kind_supported(ctx: CheckContext, kind: str) -> None:
@@ -105,23 +117,29 @@ def _sampling_label(config: GenerationConfig) -> str:
 
 def _tiny_prompts() -> list[list[int]]:
     generator = torch.Generator().manual_seed(7)
-    return [torch.randint(0, TINY_TARGET["vocab_size"] - 1, (length,), generator=generator).tolist()
-            for length in (5, 9, 3, 12)]
+    return [
+        torch.randint(0, TINY_TARGET["vocab_size"] - 1, (length,), generator=generator).tolist()
+        for length in (5, 9, 3, 12)
+    ]
 
 
 # -- verification ----------------------------------------------------------------------------------
 def _verify_golden(ctx: CheckContext, name: str) -> None:
     golden = to_tensors(load_case(GOLDEN_DIR / f"{name}.json"))
-    result = ctx.backend.verify(golden.target_logits, golden.draft_tokens, golden.sampling, golden.noise,
-                                golden.draft_probs, golden.num_drafts)
+    result = ctx.backend.verify(
+        golden.target_logits, golden.draft_tokens, golden.sampling, golden.noise, golden.draft_probs, golden.num_drafts
+    )
     _same("accepted_len", result.accepted_len.tolist(), golden.accepted_len.tolist())
     _same("next_token", result.next_token.tolist(), golden.next_token.tolist())
     _same("output_tokens", result.output_tokens.tolist(), golden.output_tokens.tolist())
 
 
 def _global_rng_states() -> list[bytes]:
-    states = [torch.get_rng_state().numpy().tobytes(), repr(random.getstate()).encode(),
-              np.random.get_state()[1].tobytes() + repr(np.random.get_state()[2:]).encode()]
+    states = [
+        torch.get_rng_state().numpy().tobytes(),
+        repr(random.getstate()).encode(),
+        np.random.get_state()[1].tobytes() + repr(np.random.get_state()[2:]).encode(),
+    ]
     if torch.cuda.is_available():
         states += [state.numpy().tobytes() for state in torch.cuda.get_rng_state_all()]
     return states
@@ -136,11 +154,19 @@ def _verify_no_global_rng(ctx: CheckContext) -> None:
             random.seed(global_seed)
             np.random.seed(global_seed)
             before = _global_rng_states()
-            result = ctx.backend.verify(golden.target_logits, golden.draft_tokens, golden.sampling, golden.noise,
-                                        golden.draft_probs, golden.num_drafts)
+            result = ctx.backend.verify(
+                golden.target_logits,
+                golden.draft_tokens,
+                golden.sampling,
+                golden.noise,
+                golden.draft_probs,
+                golden.num_drafts,
+            )
             if _global_rng_states() != before:
-                raise CheckFailed("verify advanced a global RNG (torch, CUDA, random or numpy): take randomness only "
-                                  "from the VerifyNoise argument")
+                raise CheckFailed(
+                    "verify advanced a global RNG (torch, CUDA, random or numpy): take randomness only "
+                    "from the VerifyNoise argument"
+                )
             outputs.append(result.output_tokens.tolist())
     _same("output_tokens under global seed 1 vs 0", outputs[1], outputs[0])
 
@@ -160,7 +186,8 @@ def _target_forward(ctx: CheckContext) -> None:
     layer_ids = list(range(TINY_TARGET["num_hidden_layers"] - 1))  # every id a drafter may use
     ref_logits, ref_features = ctx.workspace.memo(
         "reference-target-forward",
-        lambda: ctx.workspace.reference.target_forward(target, chain_ids, positions, layer_ids))
+        lambda: ctx.workspace.reference.target_forward(target, chain_ids, positions, layer_ids),
+    )
     logits, features = ctx.backend.target_forward(target, chain_ids, positions, layer_ids)
     _close("logits", logits, ref_logits)
     _close(f"features at layer ids {layer_ids} (output of layer i = HF hidden_states[i + 1])", features, ref_features)
@@ -187,11 +214,13 @@ def _block_logits(ctx: CheckContext, kind: str) -> None:
 # -- end to end ------------------------------------------------------------------------------------
 def _greedy_equal(ctx: CheckContext, target, drafter, prompts, config, label: str) -> None:
     key = (str(target), tuple(map(tuple, prompts)), config)
-    plain = ctx.workspace.memo(("plain", ctx.backend_name, *key),
-                               lambda: ctx.backend.generate(target, None, prompts, config))
+    plain = ctx.workspace.memo(
+        ("plain", ctx.backend_name, *key), lambda: ctx.backend.generate(target, None, prompts, config)
+    )
     if not is_reference(ctx.backend):  # the reference's own plain decoding is the specification
-        reference = ctx.workspace.memo(("plain", "reference", *key),
-                                       lambda: ctx.workspace.reference.generate(target, None, prompts, config))
+        reference = ctx.workspace.memo(
+            ("plain", "reference", *key), lambda: ctx.workspace.reference.generate(target, None, prompts, config)
+        )
         _same(f"{label}: {ctx.backend_name} non-speculative vs reference", plain, reference)
     speculative = ctx.backend.generate(target, drafter, prompts, config)
     _same(f"{label}: {ctx.backend_name} speculative vs its non-speculative", speculative, plain)
@@ -206,8 +235,9 @@ def _full_block(config: GenerationConfig, drafter) -> GenerationConfig:
 def _e2e_greedy_tiny(ctx: CheckContext, kind: str) -> None:
     _kind_supported(ctx, kind)
     drafter = ctx.workspace.tiny_drafter(kind)
-    _greedy_equal(ctx, ctx.workspace.tiny_target(), drafter, _tiny_prompts(), _full_block(TINY_GREEDY, drafter),
-                  "tiny models")
+    _greedy_equal(
+        ctx, ctx.workspace.tiny_target(), drafter, _tiny_prompts(), _full_block(TINY_GREEDY, drafter), "tiny models"
+    )
 
 
 def _e2e_greedy_heldout(ctx: CheckContext, kind: str) -> None:
@@ -232,40 +262,92 @@ def _e2e_sampled_tiny(ctx: CheckContext, kind: str | None) -> None:
             return backend.generate(target, drafter, prompts, config)
 
     reference = ctx.workspace.memo(("sampled", kind), partial(sample, ctx.workspace.reference, 0))
-    _same(f"seeded sampling (seed {TINY_SAMPLED.seed}): {ctx.backend_name} vs reference",
-          sample(ctx.backend, 1234), reference)
+    _same(
+        f"seeded sampling (seed {TINY_SAMPLED.seed}): {ctx.backend_name} vs reference",
+        sample(ctx.backend, 1234),
+        reference,
+    )
 
 
 # -- the list --------------------------------------------------------------------------------------
 def all_checks() -> list[Check]:
-    checks = [Check(f"golden/{path.stem}", f"verify reproduces golden/{path.name} exactly: "
-                    + load_case(path).description, partial(_verify_golden, name=path.stem), "verify", "independent")
-              for path in case_paths()]
+    checks = [
+        Check(
+            f"golden/{path.stem}",
+            f"verify reproduces golden/{path.name} exactly: " + load_case(path).description,
+            partial(_verify_golden, name=path.stem),
+            "verify",
+            "independent",
+        )
+        for path in case_paths()
+    ]
     checks += [
-        Check("verify/no_global_rng", "verify leaves torch/random/numpy global RNG state untouched and its output "
-              "does not depend on it", _verify_no_global_rng, "verify", "independent"),
-        Check("verify/distribution", f"{DRAWS} keyed draws: emitted and bonus tokens follow p (chi-square p-value "
-              f">= {ALPHA:g}, no p=0 token) for a dense q and one-hot drafts, T={SAMPLING.temperature}, "
-              f"top-k {SAMPLING.top_k}, top-p {SAMPLING.top_p}", _verify_distribution, "verify", "independent"),
-        Check("target/forward", "target_forward logits and features at every usable layer id match the reference "
-              f"(|diff| <= {TOLERANCE:g} * (1 + |ref|)); catches a layer-id shift", _target_forward,
-              "target_forward", "reference"),
+        Check(
+            "verify/no_global_rng",
+            "verify leaves torch/random/numpy global RNG state untouched and its output does not depend on it",
+            _verify_no_global_rng,
+            "verify",
+            "independent",
+        ),
+        Check(
+            "verify/distribution",
+            f"{DRAWS} keyed draws: emitted and bonus tokens follow p (chi-square p-value "
+            f">= {ALPHA:g}, no p=0 token) for a dense q and one-hot drafts, T={SAMPLING.temperature}, "
+            f"top-k {SAMPLING.top_k}, top-p {SAMPLING.top_p}",
+            _verify_distribution,
+            "verify",
+            "independent",
+        ),
+        Check(
+            "target/forward",
+            "target_forward logits and features at every usable layer id match the reference "
+            f"(|diff| <= {TOLERANCE:g} * (1 + |ref|)); catches a layer-id shift",
+            _target_forward,
+            "target_forward",
+            "reference",
+        ),
     ]
     for kind in VARIANT_KINDS:
-        checks.append(Check(f"drafter/block_logits/{kind}", f"{kind} drafter block logits match the reference on a "
-                            "ragged batch with a masked hole", partial(_block_logits, kind=kind), "block_logits",
-                            "reference"))
+        checks.append(
+            Check(
+                f"drafter/block_logits/{kind}",
+                f"{kind} drafter block logits match the reference on a ragged batch with a masked hole",
+                partial(_block_logits, kind=kind),
+                "block_logits",
+                "reference",
+            )
+        )
     for kind in VARIANT_KINDS:
-        checks.append(Check(f"e2e/greedy_tiny/{kind}", "tiny random models, ragged batch of 4, block_size - 1 "
-                            "drafts: greedy speculative == the backend's non-speculative == the reference's",
-                            partial(_e2e_greedy_tiny, kind=kind), "generate", "independent"))
+        checks.append(
+            Check(
+                f"e2e/greedy_tiny/{kind}",
+                "tiny random models, ragged batch of 4, block_size - 1 "
+                "drafts: greedy speculative == the backend's non-speculative == the reference's",
+                partial(_e2e_greedy_tiny, kind=kind),
+                "generate",
+                "independent",
+            )
+        )
     for kind in (*VARIANT_KINDS, None):
-        checks.append(Check(f"e2e/sampled_tiny/{kind or 'no_drafter'}",
-                            f"tiny random models, {_sampling_label(TINY_SAMPLED)}, fixed seed: tokens == the "
-                            "reference's, whatever the global RNG state",
-                            partial(_e2e_sampled_tiny, kind=kind), "generate", "reference"))
+        checks.append(
+            Check(
+                f"e2e/sampled_tiny/{kind or 'no_drafter'}",
+                f"tiny random models, {_sampling_label(TINY_SAMPLED)}, fixed seed: tokens == the "
+                "reference's, whatever the global RNG state",
+                partial(_e2e_sampled_tiny, kind=kind),
+                "generate",
+                "reference",
+            )
+        )
     for kind in VARIANT_KINDS:
-        checks.append(Check(f"e2e/greedy_heldout/{kind}", "trained fixtures, 4 held-out prompts, block_size - 1 "
-                            "drafts: greedy speculative == the backend's non-speculative == the reference's",
-                            partial(_e2e_greedy_heldout, kind=kind), "generate", "independent"))
+        checks.append(
+            Check(
+                f"e2e/greedy_heldout/{kind}",
+                "trained fixtures, 4 held-out prompts, block_size - 1 "
+                "drafts: greedy speculative == the backend's non-speculative == the reference's",
+                partial(_e2e_greedy_heldout, kind=kind),
+                "generate",
+                "independent",
+            )
+        )
     return checks

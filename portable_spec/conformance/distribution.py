@@ -24,10 +24,12 @@ DRAWS = 20_000
 SEED = 20260
 STREAM_DRAFT = 7  # a stream verify never reads: draft tokens are independent of the verifier's noise
 SAMPLING = SamplingParams(temperature=0.9, top_k=6, top_p=0.9)
-TARGET_LOGITS = torch.tensor([
-    [2.0, 1.6, 1.2, 0.9, 0.4, 0.0, -0.5, -2.0],  # slot 0: decides the first emitted token
-    [0.3, 1.1, -0.2, 0.8, 1.5, -1.0, 0.0, 0.6],  # slot 1: the bonus token after an acceptance
-])
+TARGET_LOGITS = torch.tensor(
+    [
+        [2.0, 1.6, 1.2, 0.9, 0.4, 0.0, -0.5, -2.0],  # slot 0: decides the first emitted token
+        [0.3, 1.1, -0.2, 0.8, 1.5, -1.0, 0.0, 0.6],  # slot 1: the bonus token after an acceptance
+    ]
+)
 DENSE_Q = torch.tensor([0.05, 0.10, 0.30, 0.05, 0.20, 0.10, 0.15, 0.05])  # mass on tokens p cuts (top-k/top-p)
 ONE_HOT_DRAFT = 2  # deterministic drafts, the common case
 
@@ -48,9 +50,11 @@ class FitResult:
         return self.p_value >= ALPHA and not self.impossible_tokens
 
     def __str__(self) -> str:
-        return (f"{self.scenario}: chi2={self.statistic:.1f} (dof {self.dof}), p-value={self.p_value:.3g}, "
-                f"TV={self.total_variation:.4f}" + (f", emitted p=0 tokens {self.impossible_tokens}"
-                                                    if self.impossible_tokens else ""))
+        return (
+            f"{self.scenario}: chi2={self.statistic:.1f} (dof {self.dof}), p-value={self.p_value:.3g}, "
+            f"TV={self.total_variation:.4f}"
+            + (f", emitted p=0 tokens {self.impossible_tokens}" if self.impossible_tokens else "")
+        )
 
 
 def chi_square(counts: torch.Tensor, probs: torch.Tensor, scenario: str) -> FitResult:
@@ -61,9 +65,14 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor, scenario: str) -> FitR
     statistic = ((counts[support] - expected) ** 2 / expected).sum()
     dof = int(support.sum()) - 1
     p_value = torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), statistic / 2)
-    return FitResult(scenario, float(statistic), dof, float(p_value),
-                     float(0.5 * (counts / draws - probs).abs().sum()),
-                     (~support & (counts > 0)).nonzero()[:, 0].tolist())
+    return FitResult(
+        scenario,
+        float(statistic),
+        dof,
+        float(p_value),
+        float(0.5 * (counts / draws - probs).abs().sum()),
+        (~support & (counts > 0)).nonzero()[:, 0].tolist(),
+    )
 
 
 def distribution_fits(verify_fn: VerifyFn, draws: int = DRAWS) -> list[FitResult]:
@@ -82,8 +91,9 @@ def distribution_fits(verify_fn: VerifyFn, draws: int = DRAWS) -> list[FitResult
     fits = []
     for name, (drafts, draft_probs) in scenarios.items():
         noise = VerifyNoise.for_chain(SEED, request_ids, first_positions, 1, vocab)
-        result = verify_fn(TARGET_LOGITS.expand(draws, -1, -1).contiguous(), drafts[:, None], sampling, noise,
-                           draft_probs, None)
+        result = verify_fn(
+            TARGET_LOGITS.expand(draws, -1, -1).contiguous(), drafts[:, None], sampling, noise, draft_probs, None
+        )
         first = result.output_tokens[:, 0]
         fits.append(chi_square(torch.bincount(first, minlength=vocab), p[0], f"{name}, first token"))
         bonus = result.output_tokens[result.accepted_len == 1, 1]

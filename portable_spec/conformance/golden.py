@@ -22,8 +22,20 @@ from portable_spec.core.spec import SpecError
 FORMAT_VERSION = 1
 GOLDEN_DIR = Path(__file__).parent / "golden"
 # every tag a case may carry; the suite asserts each is covered by at least one file
-TAGS = ("greedy", "temperature", "top_k", "top_p", "ties", "all_accept", "first_reject", "ragged", "batch",
-        "draft_probs", "no_drafts", "mixed_params")
+TAGS = (
+    "greedy",
+    "temperature",
+    "top_k",
+    "top_p",
+    "ties",
+    "all_accept",
+    "first_reject",
+    "ragged",
+    "batch",
+    "draft_probs",
+    "no_drafts",
+    "mixed_params",
+)
 
 
 class GoldenError(SpecError):
@@ -91,8 +103,9 @@ def noise_sha256(noise: VerifyNoise) -> str:
 
 
 def regenerate_noise(key: NoiseKey, num_drafts: int, vocab_size: int) -> VerifyNoise:
-    return VerifyNoise.for_chain(key.seed, torch.tensor(key.request_ids), torch.tensor(key.first_positions),
-                                 num_drafts, vocab_size)
+    return VerifyNoise.for_chain(
+        key.seed, torch.tensor(key.request_ids), torch.tensor(key.first_positions), num_drafts, vocab_size
+    )
 
 
 def case_paths(golden_dir: Path = GOLDEN_DIR) -> list[Path]:
@@ -103,8 +116,10 @@ def load_case(path: Path) -> GoldenCase:
     raw = json.loads(Path(path).read_text())
     version = raw.get("format_version")
     if version != FORMAT_VERSION:
-        raise GoldenError(f"{path}: format_version={version!r}, this suite reads {FORMAT_VERSION}; "
-                          "update portable_spec/conformance/golden.py to the newer format instead of editing the file")
+        raise GoldenError(
+            f"{path}: format_version={version!r}, this suite reads {FORMAT_VERSION}; "
+            "update portable_spec/conformance/golden.py to the newer format instead of editing the file"
+        )
     case = GoldenCase.model_validate(raw)
     unknown = sorted(set(case.tags) - set(TAGS))
     if unknown:
@@ -121,9 +136,11 @@ def to_tensors(case: GoldenCase) -> GoldenTensors:
     batch, chain, vocab = target_logits.shape
     noise = regenerate_noise(inputs.noise, chain - 1, vocab)
     if noise_sha256(noise) != inputs.noise.sha256:
-        raise GoldenError(f"golden/{case.name}.json: VerifyNoise.for_chain no longer regenerates the stored noise "
-                          "(sha256 differs); portable_spec/core/noise.py changed its keyed stream, which breaks "
-                          "cross-backend determinism: restore it (golden files are never regenerated)")
+        raise GoldenError(
+            f"golden/{case.name}.json: VerifyNoise.for_chain no longer regenerates the stored noise "
+            "(sha256 differs); portable_spec/core/noise.py changed its keyed stream, which breaks "
+            "cross-backend determinism: restore it (golden files are never regenerated)"
+        )
     return GoldenTensors(
         target_logits=target_logits,
         draft_tokens=torch.tensor(inputs.draft_tokens, dtype=torch.int64).reshape(batch, chain - 1),
@@ -142,7 +159,7 @@ def dumps(value: object, indent: int = 0) -> str:
     """JSON with every list of scalars on one line, so a [B, n+1, V] tensor reads as rows."""
     pad = " " * indent
     if isinstance(value, dict):
-        items = [f'{pad} {json.dumps(k)}: {dumps(v, indent + 1).lstrip()}' for k, v in value.items()]
+        items = [f"{pad} {json.dumps(k)}: {dumps(v, indent + 1).lstrip()}" for k, v in value.items()]
         return pad + "{\n" + ",\n".join(items) + "\n" + pad + "}"
     if isinstance(value, list) and value and any(isinstance(v, (list, dict)) for v in value):
         return pad + "[\n" + ",\n".join(dumps(v, indent + 1) for v in value) + "\n" + pad + "]"

@@ -19,12 +19,11 @@ import torch
 import transformers
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from portable_spec.core.backends import Backend, get_backend, inherited_components, is_reference
-from portable_spec.core.spec import SpecError
-
 from portable_spec.conformance.checks import Check, CheckContext, CheckFailed
 from portable_spec.conformance.golden import FORMAT_VERSION as GOLDEN_FORMAT_VERSION
 from portable_spec.conformance.workspace import CheckSkipped, Workspace
+from portable_spec.core.backends import Backend, get_backend, inherited_components, is_reference
+from portable_spec.core.spec import SpecError
 
 EXPECTED_FAILURES = Path(__file__).parent / "expected_failures.json"
 PASS, FAIL, SKIP, XFAIL, XPASS = "pass", "FAIL", "skip", "xfail", "XPASS"
@@ -49,16 +48,20 @@ class ExpectedFailures(BaseModel):
     entries: list[ExpectedFailure]
 
     def reason_for(self, backend: str, check_id: str) -> str | None:
-        return next((e.reason for e in self.entries if e.backend == backend and fnmatch.fnmatchcase(check_id, e.check)),
-                    None)
+        return next(
+            (e.reason for e in self.entries if e.backend == backend and fnmatch.fnmatchcase(check_id, e.check)), None
+        )
 
 
-def load_expected_failures(backends: Iterable[str], check_ids: Iterable[str],
-                           path: Path = EXPECTED_FAILURES) -> ExpectedFailures:
+def load_expected_failures(
+    backends: Iterable[str], check_ids: Iterable[str], path: Path = EXPECTED_FAILURES
+) -> ExpectedFailures:
     """Parse and validate the checked-in list; an entry naming no registered backend or no check is a SpecError."""
     if not Path(path).exists():
-        raise SpecError(f"{path}: not found; it ships beside the suite (pyproject package-data for portable_spec.conformance "
-                        "must list expected_failures.json)")
+        raise SpecError(
+            f"{path}: not found; it ships beside the suite (pyproject package-data for portable_spec.conformance "
+            "must list expected_failures.json)"
+        )
     try:
         expected = ExpectedFailures.model_validate(json.loads(Path(path).read_text()))
     except (ValidationError, json.JSONDecodeError) as error:
@@ -66,11 +69,15 @@ def load_expected_failures(backends: Iterable[str], check_ids: Iterable[str],
     backends, check_ids = set(backends), list(check_ids)
     for index, entry in enumerate(expected.entries):
         if entry.backend not in backends:
-            raise SpecError(f"{path}: entries[{index}].backend={entry.backend!r} is not registered; "
-                             f"valid options: {', '.join(sorted(backends))}")
+            raise SpecError(
+                f"{path}: entries[{index}].backend={entry.backend!r} is not registered; "
+                f"valid options: {', '.join(sorted(backends))}"
+            )
         if not fnmatch.filter(check_ids, entry.check):
-            raise SpecError(f"{path}: entries[{index}].check={entry.check!r} matches no check; remove the entry "
-                             "or fix the pattern (ids are listed in docs/conformance.md)")
+            raise SpecError(
+                f"{path}: entries[{index}].check={entry.check!r} matches no check; remove the entry "
+                "or fix the pattern (ids are listed in docs/conformance.md)"
+            )
     return expected
 
 
@@ -97,8 +104,9 @@ def resolve_backend(name: str, backend: Backend | None = None) -> ResolvedBacken
         backend = backend if backend is not None else get_backend(name)
         reason = backend.unavailable_reason()
     except Exception as error:  # noqa: BLE001 - reported as this backend's failure
-        return ResolvedBackend(name, None, error=f"backend {name!r} could not be constructed or queried: "
-                                                  f"{type(error).__name__}: {error}")
+        return ResolvedBackend(
+            name, None, error=f"backend {name!r} could not be constructed or queried: {type(error).__name__}: {error}"
+        )
     return ResolvedBackend(name, backend, unavailable=reason)
 
 
@@ -112,8 +120,13 @@ def run_check(resolved: ResolvedBackend, check: Check, workspace: Workspace, exp
         if check.oracle == "reference":
             return Outcome(name, check.id, SPEC, "the reference is what this check compares every backend against")
     elif check.exercises in (inherited := inherited_components(resolved.backend)):
-        return Outcome(name, check.id, INHERITS, f"{type(resolved.backend).__name__} runs the reference's "
-                       f"{inherited[check.exercises]} for {check.exercises}: no independent code to check")
+        return Outcome(
+            name,
+            check.id,
+            INHERITS,
+            f"{type(resolved.backend).__name__} runs the reference's "
+            f"{inherited[check.exercises]} for {check.exercises}: no independent code to check",
+        )
     try:
         check.run(CheckContext(name, resolved.backend, workspace))
         status, detail = PASS, ""
@@ -136,8 +149,9 @@ def run_check(resolved: ResolvedBackend, check: Check, workspace: Workspace, exp
     return Outcome(name, check.id, status, detail)
 
 
-def run_suite(backends: list[ResolvedBackend], checks: list[Check], workspace: Workspace,
-              expected: ExpectedFailures) -> list[Outcome]:
+def run_suite(
+    backends: list[ResolvedBackend], checks: list[Check], workspace: Workspace, expected: ExpectedFailures
+) -> list[Outcome]:
     return [run_check(resolved, check, workspace, expected) for resolved in backends for check in checks]
 
 
@@ -153,7 +167,7 @@ def parse_report(text: str) -> dict[tuple[str, str], tuple[str, str]]:
         if dot and number.isdigit() and rest.endswith(")") and " (" in rest:
             notes[number] = detail
     cells = {}
-    for line in lines[header + 2:]:
+    for line in lines[header + 2 :]:
         if not line.startswith("| "):
             break
         parts = [cell.strip() for cell in line.strip("|").split("|")]
@@ -165,8 +179,9 @@ def parse_report(text: str) -> dict[tuple[str, str], tuple[str, str]]:
     return cells
 
 
-def format_report(outcomes: list[Outcome], checks: list[Check], scope: str = "",
-                  versions: dict[str, str] | None = None) -> str:
+def format_report(
+    outcomes: list[Outcome], checks: list[Check], scope: str = "", versions: dict[str, str] | None = None
+) -> str:
     """Markdown: the check x backend matrix, per-backend counts, numbered notes for every non-pass, descriptions."""
     backends = list(dict.fromkeys(o.backend for o in outcomes))
     cell, notes = {}, {}  # notes: (status, detail) -> [number, backends]
@@ -178,17 +193,22 @@ def format_report(outcomes: list[Outcome], checks: list[Check], scope: str = "",
             note[1] += [o.backend] if o.backend not in note[1] else []
             cell[o.backend, o.check] = f"{o.status} [{note[0]}]"
     lines = [
-        "# Conformance report", "",
+        "# Conformance report",
+        "",
         "Written by `portable-spec conformance`; do not edit by hand. Each check is defined once in",
         "`portable_spec/conformance/checks.py` and run by both pytest and that command. A skip is not a pass.",
         f"Statuses: {PASS}; {FAIL}; {SKIP} (with its reason); {XFAIL} (known gap in "
         f"`portable_spec/conformance/expected_failures.json`); {XPASS} (listed as a gap but passed: remove the entry); "
         f"{INHERITS} (the backend runs the reference's own code for what the check exercises, so it was not compared); "
         f"{SPEC} (the reference column where the reference itself is the oracle). No check compares an object with "
-        "itself: such a comparison fails.", "",
+        "itself: such a comparison fails.",
+        "",
         f"torch {torch.__version__}, transformers {transformers.__version__}, golden format {GOLDEN_FORMAT_VERSION}."
         + "".join(f" {name}: {version}." for name, version in (versions or {}).items() if version)
-        + (f" Partial run: {scope}." if scope else ""), "", "| check | " + " | ".join(backends) + " |", "| --- |" + " --- |" * len(backends),
+        + (f" Partial run: {scope}." if scope else ""),
+        "",
+        "| check | " + " | ".join(backends) + " |",
+        "| --- |" + " --- |" * len(backends),
     ]
     for check in checks:
         if any((b, check.id) in cell for b in backends):

@@ -7,7 +7,7 @@ reference backend's answer to a given question is computed once however many bac
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable, Iterator, Hashable
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
@@ -63,6 +63,8 @@ def trained_fixture(kind: str) -> tuple[Path, Path, list[list[int]]]:
     needed = [fixtures.target_dir(), fixtures.drafter_dir(kind), fixtures.ASSETS / "heldout_prompts.json"]
     missing = [str(path.relative_to(fixtures.ASSETS.parent.parent)) for path in needed if not path.exists()]
     if missing:
-        raise CheckSkipped(f"trained fixtures missing ({', '.join(missing)}); build them with "
-                           "`python scripts/make_fixtures.py --out portable_spec/assets`")
+        raise CheckSkipped(
+            f"trained fixtures missing ({', '.join(missing)}); build them with "
+            "`python scripts/make_fixtures.py --out portable_spec/assets`"
+        )
     return fixtures.target_dir(), fixtures.drafter_dir(kind), fixtures.heldout_prompts()

@@ -6,8 +6,8 @@ Backends are registered by entry point (module:Class) and imported lazily, so im
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import entry_points
 from abc import ABC, abstractmethod
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import ClassVar
 
@@ -85,7 +85,9 @@ class ReferenceBackend(Backend):
 
     name = "reference"
 
-    def block_logits(self, target_dir, drafter_dir, features, context_positions, context_valid, block_ids, block_positions):
+    def block_logits(
+        self, target_dir, drafter_dir, features, context_positions, context_valid, block_ids, block_positions
+    ):
         target = TargetModel.load(target_dir)
         drafter = target.load_drafter(drafter_dir)
         context = drafter.context_kv(features, context_positions)

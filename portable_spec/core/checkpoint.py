@@ -16,8 +16,13 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 
 
-def save_drafter(out_dir: Path, config: DrafterConfig, state_dict: dict[str, torch.Tensor], force: bool = False,
-                 owner: str | None = None) -> Path:
+def save_drafter(
+    out_dir: Path,
+    config: DrafterConfig,
+    state_dict: dict[str, torch.Tensor],
+    force: bool = False,
+    owner: str | None = None,
+) -> Path:
     """Write a checkpoint; weights are stored contiguous, in their own dtype. `owner` (a training work directory)
     is recorded, and only a checkpoint of the same owner is replaced without `force` (outputs.check_output_dir)."""
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
@@ -36,9 +41,13 @@ def load_drafter_files(ckpt_dir: Path) -> tuple[DrafterConfig, dict[str, torch.T
     weights_path = ckpt_dir / WEIGHTS_FILE
     if not weights_path.is_file():
         what = "is a directory" if weights_path.is_dir() else "not found"
-        raise SpecError(f"{weights_path}: {what}; a drafter checkpoint needs the file {WEIGHTS_FILE} beside config.json")
+        raise SpecError(
+            f"{weights_path}: {what}; a drafter checkpoint needs the file {WEIGHTS_FILE} beside config.json"
+        )
     try:
         return config, load_file(str(weights_path))
     except (SafetensorError, OSError, ValueError) as error:
-        raise SpecError(f"{weights_path}: not a readable safetensors file ({error}); it is truncated, corrupt or "
-                        "another format (pickles are never loaded): re-save the checkpoint with portable-spec") from None
+        raise SpecError(
+            f"{weights_path}: not a readable safetensors file ({error}); it is truncated, corrupt or "
+            "another format (pickles are never loaded): re-save the checkpoint with portable-spec"
+        ) from None

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Annotated
 
 import numpy as np
 import torch
-from typing import Annotated
-
 from pydantic import BaseModel, ConfigDict, Field
 
-from portable_spec.core.dispatch import verify_op  # the torch twin (== verify) off CUDA, the fused Triton kernel on it
-
 from portable_spec.core.decode_matmul import decode_shaped_linears
+from portable_spec.core.dispatch import verify_op  # the torch twin (== verify) off CUDA, the fused Triton kernel on it
 from portable_spec.core.drafter import Drafter
 from portable_spec.core.noise import VerifyNoise
 from portable_spec.core.proposer import DraftProposer, TorchProposer
@@ -33,10 +31,15 @@ class GenerationConfig(BaseModel):
     max_new_tokens: int = Field(64, ge=1, strict=True, description="Tokens to generate per request, at most.")
     num_draft_tokens: int = Field(7, ge=1, strict=True, description="Draft tokens per round (block_size - 1 at most).")
     stop_token_ids: tuple[Annotated[int, Field(ge=0, strict=True)], ...] = Field(
-        (), description="Generation ends after emitting any of these (token ids of the target's vocabulary).")
+        (), description="Generation ends after emitting any of these (token ids of the target's vocabulary)."
+    )
     draft_confidence: float = Field(
-        0.0, ge=0.0, lt=1.0, description="Verify only the draft prefix whose drafter probabilities multiply to at "
-        "least this (at least one draft); 0 verifies every draft. Lossless for any value: verification is unchanged.")
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Verify only the draft prefix whose drafter probabilities multiply to at "
+        "least this (at least one draft); 0 verifies every draft. Lossless for any value: verification is unchanged.",
+    )
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     seed: int = Field(0, ge=0, lt=2**64, description="Keys the counter-based noise with each request id.")
 
@@ -56,8 +59,10 @@ def check_request_ids(request_ids: list[int], batch: int) -> None:
         raise SpecError(f"request_ids has {len(request_ids)} entries for {batch} prompts; give one per prompt")
     for index, rid in enumerate(request_ids):
         if isinstance(rid, bool) or not isinstance(rid, (int, np.integer)) or not 0 <= rid < MAX_REQUEST_ID:
-            raise SpecError(f"request_ids[{index}]={rid!r}: request ids are integers in [0, 2**32) (the noise key "
-                            "holds 32 bits); map larger ids into that range")
+            raise SpecError(
+                f"request_ids[{index}]={rid!r}: request ids are integers in [0, 2**32) (the noise key "
+                "holds 32 bits); map larger ids into that range"
+            )
 
 
 @dataclass
@@ -103,8 +108,9 @@ class _SlotLayout:
 class SpeculativeDecoder:
     """Reference loop; with no drafter it decodes autoregressively through the same verify step."""
 
-    def __init__(self, target: TargetModel, drafter: Drafter | DraftProposer | None = None,
-                 decode_matmul: bool = True) -> None:
+    def __init__(
+        self, target: TargetModel, drafter: Drafter | DraftProposer | None = None, decode_matmul: bool = True
+    ) -> None:
         """decode_matmul: run the target's and drafter's linear layers in the decode-shaped CPU layout
         (decode_matmul.py) while generating; False keeps torch's F.linear everywhere."""
         self.target = target
@@ -116,31 +122,40 @@ class SpeculativeDecoder:
 
     def _check_prompts(self, prompts: list[list[int]], config: GenerationConfig) -> None:
         if not isinstance(prompts, (list, tuple)) or any(not isinstance(p, (list, tuple)) for p in prompts):
-            raise SpecError(f"prompts is a {type(prompts).__name__}; pass a list of token-id lists (a tensor: "
-                            "prompts.tolist())")
+            raise SpecError(
+                f"prompts is a {type(prompts).__name__}; pass a list of token-id lists (a tensor: prompts.tolist())"
+            )
         if not prompts:
             raise SpecError("prompts is empty: pass at least one prompt")
         vocab = self.target.model.get_input_embeddings().weight.shape[0]
         outside = [t for t in config.stop_token_ids if t >= vocab]
         if outside:
-            raise SpecError(f"stop_token_ids={list(config.stop_token_ids)}: {outside} are outside the target's "
-                            f"vocabulary [0, {vocab}) and can never be emitted; use the tokenizer's ids")
+            raise SpecError(
+                f"stop_token_ids={list(config.stop_token_ids)}: {outside} are outside the target's "
+                f"vocabulary [0, {vocab}) and can never be emitted; use the tokenizer's ids"
+            )
         limit = getattr(self.target.config, "max_position_embeddings", None)
         drafts = config.num_draft_tokens if self.proposer is not None else 0
         longest = max(len(p) for p in prompts)
         if limit is not None and longest + config.max_new_tokens + drafts > limit:
-            raise SpecError(f"the longest prompt ({longest} tokens) + max_new_tokens={config.max_new_tokens} + "
-                            f"{drafts} draft slots reach past the target's max_position_embeddings={limit}; shorten "
-                            f"the prompt or lower max_new_tokens to {max(limit - longest - drafts, 0)}")
+            raise SpecError(
+                f"the longest prompt ({longest} tokens) + max_new_tokens={config.max_new_tokens} + "
+                f"{drafts} draft slots reach past the target's max_position_embeddings={limit}; shorten "
+                f"the prompt or lower max_new_tokens to {max(limit - longest - drafts, 0)}"
+            )
         for index, prompt in enumerate(prompts):
             if len(prompt) == 0:
                 raise SpecError(f"prompts[{index}] is empty: every prompt needs at least one token (e.g. BOS)")
             bad = next((t for t in prompt if isinstance(t, bool) or not isinstance(t, (int, np.integer))), None)
             if bad is not None:  # 3.7 would be truncated to 3 by torch.tensor: refuse instead
-                raise SpecError(f"prompts[{index}] holds {bad!r} ({type(bad).__name__}); token ids are integers "
-                                "from the target's tokenizer")
+                raise SpecError(
+                    f"prompts[{index}] holds {bad!r} ({type(bad).__name__}); token ids are integers "
+                    "from the target's tokenizer"
+                )
             if min(prompt) < 0 or max(prompt) >= vocab:
-                raise SpecError(f"prompts[{index}] has token ids outside [0, {vocab}); tokenize with the target's tokenizer")
+                raise SpecError(
+                    f"prompts[{index}] has token ids outside [0, {vocab}); tokenize with the target's tokenizer"
+                )
 
     @torch.no_grad()
     def generate(
@@ -189,8 +204,9 @@ class SpeculativeDecoder:
         while bool(active.any()):
             drafts, round_drafts = empty, None
             if proposer is not None:
-                drafts, round_drafts = self._propose(proposer, context, layout.valid, anchor, anchor_pos, num_drafts,
-                                                     config.draft_confidence)
+                drafts, round_drafts = self._propose(
+                    proposer, context, layout.valid, anchor, anchor_pos, num_drafts, config.draft_confidence
+                )
                 stats.drafter_passes += proposer.passes_per_round(num_drafts)
             n = drafts.shape[1]
             chain = torch.cat((anchor[:, None], drafts), dim=1)  # [B, n+1]

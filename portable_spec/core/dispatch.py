@@ -94,7 +94,9 @@ def choose_impl(tensor: torch.Tensor, impl: str | None = None, *, kernel: str) -
         return "triton" if tensor.is_cuda and triton_available() else "torch"
     if requested == "triton":
         if not triton_available():
-            raise RuntimeError("impl='triton' was forced but triton does not import: pip install 'portable-spec[triton]'")
+            raise RuntimeError(
+                "impl='triton' was forced but triton does not import: pip install 'portable-spec[triton]'"
+            )
         if not tensor.is_cuda and not kernel_module(kernel).INTERPRETED:
             raise RuntimeError(
                 f"impl='triton' on {tensor.device} tensors needs a CUDA device, or TRITON_INTERPRET=1 set before "
@@ -125,8 +127,10 @@ def kernel_module(name: str) -> ModuleType:
     """The registered kernel module `name`, imported on first use (it imports triton)."""
     module = registered_kernels().get(name)
     if module is None:
-        raise RuntimeError(f"no kernel {name!r} in the {KERNEL_GROUP!r} entry-point group: reinstall portable-spec "
-                           "(pip install -e .) so its entry points are registered")
+        raise RuntimeError(
+            f"no kernel {name!r} in the {KERNEL_GROUP!r} entry-point group: reinstall portable-spec "
+            "(pip install -e .) so its entry points are registered"
+        )
     return importlib.import_module(module)
 
 

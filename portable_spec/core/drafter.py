@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from portable_spec.core.checkpoint import load_drafter_files, save_drafter
 from portable_spec.core.attention import BlockMask, within_block_mask
+from portable_spec.core.checkpoint import load_drafter_files, save_drafter
 from portable_spec.core.drafter_layers import DrafterLayer, rotary_cos_sin
 from portable_spec.core.spec import DrafterConfig, SpecError
 from portable_spec.core.variants import behaviour_of
@@ -55,10 +55,16 @@ class Drafter(nn.Module):
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
         """Fix the draft vocabulary to `target_ids` (distinct, [V_draft]); stored as EAGLE-3 offsets."""
         ids = torch.as_tensor(target_ids, dtype=torch.int64)
-        if ids.shape != self.d2t.shape or len(set(ids.tolist())) != len(ids) or int(ids.min()) < 0 \
-                or int(ids.max()) >= self.config.vocab_size:
-            raise SpecError(f"draft vocabulary needs {self.config.draft_vocab_size} distinct ids in "
-                            f"[0, {self.config.vocab_size}), got shape {tuple(ids.shape)}")
+        if (
+            ids.shape != self.d2t.shape
+            or len(set(ids.tolist())) != len(ids)
+            or int(ids.min()) < 0
+            or int(ids.max()) >= self.config.vocab_size
+        ):
+            raise SpecError(
+                f"draft vocabulary needs {self.config.draft_vocab_size} distinct ids in "
+                f"[0, {self.config.vocab_size}), got shape {tuple(ids.shape)}"
+            )
         self.d2t.copy_(ids - torch.arange(len(ids), device=ids.device))
 
     def scored_logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -125,7 +131,9 @@ class Drafter(nn.Module):
             raise SpecError("drafter is not bound to a target; load it with TargetModel.load_drafter(...)")
         b, a, k = block_ids.shape
         h = self.shared.embed_tokens(block_ids).to(self.fc.weight.dtype)
-        cos, sin = rotary_cos_sin(block_positions.reshape(b, a * k), self.config.head_dim, self.config.rope_theta, h.dtype)
+        cos, sin = rotary_cos_sin(
+            block_positions.reshape(b, a * k), self.config.head_dim, self.config.rope_theta, h.dtype
+        )
         if context_mask.dim() == 2:
             if a != 1:
                 raise ValueError(f"a [B, T] context mask serves one block per request, got {a} blocks per row")
@@ -182,8 +190,9 @@ def greedy_drafts(
     greedy drafts [B, n] and the drafter's probability of each [B, n]. Single-pass kinds read the n drafts from
     one [anchor, MASK...] block; the autoregressive kind runs one pass per draft, writing each draft into the
     block (causal, so the unfilled tail never reaches the slot being read)."""
-    block = torch.full((anchor_tokens.shape[0], 1, width), config.mask_token_id, dtype=torch.int64,
-                       device=anchor_tokens.device)
+    block = torch.full(
+        (anchor_tokens.shape[0], 1, width), config.mask_token_id, dtype=torch.int64, device=anchor_tokens.device
+    )
     block[:, 0, 0] = anchor_tokens
     if not behaviour_of(config.kind).autoregressive:
         return greedy_with_probability(run_block(block)[:, 0, 1 : num_drafts + 1])

@@ -78,7 +78,10 @@ class VerifyNoise:
         """Placeholder noise for an all-greedy batch, where p is one-hot and no uniform can change the result;
         on the logits' device (verify multiplies it with them)."""
         half = torch.full((1, 1, 1), 0.5, device=device)
-        return cls(accept_uniform=half[0].expand(batch, num_drafts), sample_uniform=half.expand(batch, num_drafts + 1, vocab_size))
+        return cls(
+            accept_uniform=half[0].expand(batch, num_drafts),
+            sample_uniform=half.expand(batch, num_drafts + 1, vocab_size),
+        )
 
     @classmethod
     def for_chain(

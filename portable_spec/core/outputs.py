@@ -64,12 +64,14 @@ def check_not_an_input(out: Path, inputs: tuple = ()) -> None:
             relation = "contains"
         else:
             continue
-        raise SpecError(f"output {out} {relation} the input {source}; write the output somewhere else "
-                        "(nothing was changed)")
+        raise SpecError(
+            f"output {out} {relation} the input {source}; write the output somewhere else (nothing was changed)"
+        )
 
 
-def check_output_dir(out_dir: Path, kind: str, inputs: tuple = (), force: bool = False,
-                     owner: str | None = None) -> None:
+def check_output_dir(
+    out_dir: Path, kind: str, inputs: tuple = (), force: bool = False, owner: str | None = None
+) -> None:
     """Refuse, before any work, an output path that would destroy what portable-spec did not write here:
     - equal to, inside or containing an input (never lifted);
     - a file, or a directory under a file;
@@ -92,9 +94,12 @@ def check_output_dir(out_dir: Path, kind: str, inputs: tuple = (), force: bool =
                 held = f"a portable-spec {found.get('kind')} output"
             else:
                 held = f"a {kind} written from {found.get('owner') or 'elsewhere'}"
-            raise SpecError(f"output {out_dir} is not empty and holds {held}, not a previous {kind} output "
-                            f"{'of ' + owner if owner else ''}".rstrip() + "; pass a new or empty directory, or "
-                            "--force to replace it (nothing was changed)")
+            raise SpecError(
+                f"output {out_dir} is not empty and holds {held}, not a previous {kind} output "
+                f"{'of ' + owner if owner else ''}".rstrip()
+                + "; pass a new or empty directory, or "
+                "--force to replace it (nothing was changed)"
+            )
     probe = out_dir.parent
     while not probe.exists():
         probe = probe.parent
@@ -114,8 +119,10 @@ def claim_output_dir(out_dir: Path, kind: str, files: tuple[str, ...], force: bo
     ours = (read_marker(out_dir) or {}).get("kind") == kind if out_dir.is_dir() else True
     clashes = [name for name in files if (out_dir / name).exists()]
     if clashes and not ours and not force:
-        raise SpecError(f"output {out_dir} holds {', '.join(clashes)}, which portable-spec did not write there; pass "
-                        "another folder, or --force to replace those files (nothing was changed)")
+        raise SpecError(
+            f"output {out_dir} holds {', '.join(clashes)}, which portable-spec did not write there; pass "
+            "another folder, or --force to replace those files (nothing was changed)"
+        )
     return out_dir
 
 
@@ -145,11 +152,13 @@ def raise_write_error(path: Path, error: Exception) -> None:
     torch and safetensors raise for them; anything else passes through unchanged."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     io_failure = isinstance(error, OSError) or any(
-        word in text.lower() for word in ("no space", "failed writing", "write", "i/o error", "disk quota"))
+        word in text.lower() for word in ("no space", "failed writing", "write", "i/o error", "disk quota")
+    )
     if isinstance(error, SpecError) or not io_failure:
         raise error
-    raise SpecError(f"{path}: writing failed ({text}); check free disk space and permissions; nothing "
-                    "half-written was left") from error
+    raise SpecError(
+        f"{path}: writing failed ({text}); check free disk space and permissions; nothing half-written was left"
+    ) from error
 
 
 def write_file_atomically(path: Path, write: Callable[[Path], None]) -> Path:
@@ -172,8 +181,9 @@ def write_file_atomically(path: Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
-def write_dir_atomically(out_dir: Path, write: Callable[[Path], None], kind: str = "drafter",
-                         force: bool = False, owner: str | None = None) -> Path:
+def write_dir_atomically(
+    out_dir: Path, write: Callable[[Path], None], kind: str = "drafter", force: bool = False, owner: str | None = None
+) -> Path:
     """Run `write(tmp_dir)`, then rename tmp_dir to out_dir, under a lock on out_dir; on any error or interrupt
     nothing is left at out_dir and a replaced previous output is restored. Only an empty directory or a previous
     output of the same `kind` (and owner) is replaced, unless forced (check_output_dir)."""
@@ -198,8 +208,9 @@ def write_dir_atomically(out_dir: Path, write: Callable[[Path], None], kind: str
                 os.replace(tmp_dir, out_dir)
             except BaseException as error:
                 os.replace(old, out_dir)  # put the previous output back
-                raise SpecError(f"could not replace {out_dir} ({error}); its previous contents were restored") \
-                    from error
+                raise SpecError(
+                    f"could not replace {out_dir} ({error}); its previous contents were restored"
+                ) from error
             shutil.rmtree(old)
             return out_dir
         finally:
@@ -232,9 +243,11 @@ def _holder(lock_file: Path) -> dict | None:
 
 
 def _in_use(what: str, lock_file: Path, other: dict) -> SpecError:
-    return SpecError(f"{what} is in use by another portable-spec run (pid {other.get('pid')} on {other.get('host')}, "
-                     f"since {other.get('started')}: {other.get('command')}); wait for it to finish, or delete "
-                     f"{lock_file} if that run no longer exists")
+    return SpecError(
+        f"{what} is in use by another portable-spec run (pid {other.get('pid')} on {other.get('host')}, "
+        f"since {other.get('started')}: {other.get('command')}); wait for it to finish, or delete "
+        f"{lock_file} if that run no longer exists"
+    )
 
 
 def check_unlocked(lock_file: Path, what: str) -> None:
@@ -248,8 +261,12 @@ def check_unlocked(lock_file: Path, what: str) -> None:
 def locked(lock_file: Path, what: str) -> Iterator[None]:
     """Hold `lock_file` (created exclusively, holding pid, host, command, start) while the block runs; a second
     holder fails at once naming the first. A stale lock (its process gone, same host) is taken over."""
-    record = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "command": " ".join(sys.argv)[:300]}
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join(sys.argv)[:300],
+    }
     for _ in range(2):
         try:
             handle = os.open(lock_file, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -281,8 +298,10 @@ def claim_work_dir(work_dir: Path, force: bool = False) -> Path:
     if work_dir.is_dir() and any(work_dir.iterdir()) and not force:
         found = read_marker(work_dir)
         if found is None or found.get("kind") != WORK_DIR_KIND:
-            raise SpecError(f"--work-dir {work_dir}: not empty and not a portable-spec work directory; pass a new or "
-                            "empty directory, or --force to use it (files train writes there would be replaced)")
+            raise SpecError(
+                f"--work-dir {work_dir}: not empty and not a portable-spec work directory; pass a new or "
+                "empty directory, or --force to use it (files train writes there would be replaced)"
+            )
     work_dir.mkdir(parents=True, exist_ok=True)
     if read_marker(work_dir) is None:
         write_marker(work_dir, WORK_DIR_KIND)

@@ -27,12 +27,22 @@ class DraftProposer(Protocol):
         """Keep the first `length` slots."""
 
     def propose(
-        self, state: Any, valid: torch.Tensor, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor, num_drafts: int
+        self,
+        state: Any,
+        valid: torch.Tensor,
+        anchor_tokens: torch.Tensor,
+        anchor_positions: torch.Tensor,
+        num_drafts: int,
     ) -> torch.Tensor:
         """Greedy draft tokens [B, num_drafts] after each anchor, seeing only slots where valid [B, S]."""
 
     def propose_scored(
-        self, state: Any, valid: torch.Tensor, anchor_tokens: torch.Tensor, anchor_positions: torch.Tensor, num_drafts: int
+        self,
+        state: Any,
+        valid: torch.Tensor,
+        anchor_tokens: torch.Tensor,
+        anchor_positions: torch.Tensor,
+        num_drafts: int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As propose, plus the drafter's probability of each draft [B, num_drafts] (confidence-cut rounds)."""
 

@@ -16,7 +16,9 @@ def drafter_dir(kind: str) -> Path:
         raise SpecError(f"no SmolLM2 drafter {kind!r}; valid options: {', '.join(VARIANT_KINDS)}")
     path = ASSETS / "drafters" / kind
     if not (path / "config.json").exists():
-        raise SpecError(f"{path}: missing from this install; reinstall portable-spec (the drafters ship in the package)")
+        raise SpecError(
+            f"{path}: missing from this install; reinstall portable-spec (the drafters ship in the package)"
+        )
     return path
 
 

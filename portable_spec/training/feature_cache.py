@@ -19,9 +19,9 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from portable_spec.core.outputs import write_file_atomically
-from portable_spec.training.distill_data import Sequences, read_shard
 from portable_spec.core.spec import SpecError
 from portable_spec.core.target import TargetModel
+from portable_spec.training.distill_data import Sequences, read_shard
 
 
 @torch.no_grad()
@@ -38,8 +38,13 @@ def sequence_features(target: TargetModel, sequences: list[torch.Tensor], layer_
     return [features[row, : len(seq)].to("cpu", torch.bfloat16) for row, seq in enumerate(sequences)]
 
 
-def cache_features(target: TargetModel, data_dir: Path, layer_ids: list[int], batch_size: int = 4,
-                   lock: Callable[[], AbstractContextManager] = nullcontext) -> None:
+def cache_features(
+    target: TargetModel,
+    data_dir: Path,
+    layer_ids: list[int],
+    batch_size: int = 4,
+    lock: Callable[[], AbstractContextManager] = nullcontext,
+) -> None:
     """Write features-NNNNN.safetensors beside each shard that lacks one (resumable, each file atomic); `lock()` is
     held while there is work to do."""
     shards = sorted(Path(data_dir).glob("shard-*.safetensors"))
@@ -59,12 +64,16 @@ def _cache(target: TargetModel, todo: list[Path], layer_ids: list[int], batch_si
         rows: dict[int, torch.Tensor] = {}
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            for index, feats in zip(chunk, sequence_features(target, [sequences.sequence(i) for i in chunk], layer_ids)):
+            for index, feats in zip(
+                chunk, sequence_features(target, [sequences.sequence(i) for i in chunk], layer_ids)
+            ):
                 rows[index] = feats
             bar.update(sum(len(sequences.sequence(i)) for i in chunk))
         features = torch.cat([rows[i] for i in range(len(sequences))])
         tensors = {"features": features.contiguous()}
-        write_file_atomically(_features_path(shard), lambda tmp, tensors=tensors: save_file(tensors, str(tmp), metadata=meta))
+        write_file_atomically(
+            _features_path(shard), lambda tmp, tensors=tensors: save_file(tensors, str(tmp), metadata=meta)
+        )
     bar.close()
 
 
@@ -94,14 +103,17 @@ class FeatureDataset:
                 continue  # a shard whose features are not cached yet is left out, never half-used
             meta = _read_meta(path)
             if json.loads(meta.get("layer_ids", "null")) != layer_ids or meta.get("fingerprint") != fingerprint:
-                raise SpecError(f"{path}: cached for layer_ids={meta.get('layer_ids')} of another target or layer set "
-                                f"(wanted {layer_ids}); delete the features-*.safetensors files to recompute")
+                raise SpecError(
+                    f"{path}: cached for layer_ids={meta.get('layer_ids')} of another target or layer set "
+                    f"(wanted {layer_ids}); delete the features-*.safetensors files to recompute"
+                )
             parts.append(read_shard(shard))
             try:
                 features.append(load_file(str(path))["features"])
             except (SafetensorError, OSError, KeyError) as error:
-                raise SpecError(f"{path}: not a readable feature file ({error}); delete it and rerun to recompute "
-                                "it") from None
+                raise SpecError(
+                    f"{path}: not a readable feature file ({error}); delete it and rerun to recompute it"
+                ) from None
         if not parts:
             raise SpecError(f"{data_dir}: no cached features; run the feature step (portable-spec train does)")
         return FeatureDataset(Sequences.concat(parts), torch.cat(features))
@@ -112,8 +124,9 @@ class FeatureDataset:
         sequences = Sequences(self.sequences.tokens.to(device), self.sequences.offsets, self.sequences.prompt_lens)
         return FeatureDataset(sequences, self.features.to(device))
 
-    def batch(self, indices: list[int], block_size: int, anchors_per_seq: int, max_len: int,
-              generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def batch(
+        self, indices: list[int], block_size: int, anchors_per_seq: int, max_len: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """tokens [B, T], features [B, T, F] (fp32, zero past each sequence's end) and anchors [B, A] drawn in each
         reply (anchor + k <= n), all on the dataset's device; lengths and anchors come from the CPU generator, so
         a batch is the same on every device."""
@@ -136,5 +149,8 @@ class FeatureDataset:
     def trainable(self, block_size: int, max_len: int) -> list[int]:
         """Sequences with at least one full block inside their reply (after the max_len cut)."""
         lengths = (self.sequences.offsets[1:] - self.sequences.offsets[:-1]).clamp(max=max_len)
-        return [i for i in range(len(self.sequences))
-                if int(lengths[i]) - block_size >= max(int(self.sequences.prompt_lens[i]), 1)]
+        return [
+            i
+            for i in range(len(self.sequences))
+            if int(lengths[i]) - block_size >= max(int(self.sequences.prompt_lens[i]), 1)
+        ]

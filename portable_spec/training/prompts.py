@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from portable_spec.training.sharegpt import Prompt, chat_prompt_ids, first_human_turns, split_prompts
 from portable_spec.core.spec import SpecError
+from portable_spec.training.sharegpt import Prompt, chat_prompt_ids, first_human_turns, split_prompts
 
 
 def tokenized(tokenizer, prompts: list[Prompt], max_prompt_tokens: int, limit: int | None = None) -> list[dict]:
@@ -24,8 +24,14 @@ def tokenized(tokenizer, prompts: list[Prompt], max_prompt_tokens: int, limit: i
     return out
 
 
-def chat_prompt_split(tokenizer, data_path: Path, max_prompt_tokens: int, train_limit: int | None,
-                      heldout_limit: int | None, heldout_percent: int = 5) -> tuple[list[dict], list[dict]]:
+def chat_prompt_split(
+    tokenizer,
+    data_path: Path,
+    max_prompt_tokens: int,
+    train_limit: int | None,
+    heldout_limit: int | None,
+    heldout_percent: int = 5,
+) -> tuple[list[dict], list[dict]]:
     train, heldout = split_prompts(first_human_turns(Path(data_path)), heldout_percent)
     train_ids = tokenized(tokenizer, train, max_prompt_tokens, train_limit)
     heldout_ids = tokenized(tokenizer, heldout, max_prompt_tokens, heldout_limit)

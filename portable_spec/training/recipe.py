@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from portable_spec.training.distill_data import Generator, generate_replies, load_sequences
-from portable_spec.training.feature_cache import FeatureDataset, cache_features
 from portable_spec.core.outputs import data_lock, locked, training_lock
-from portable_spec.training.prompts import chat_prompt_split, read_prompts, write_prompts
 from portable_spec.core.spec import DrafterConfig, SpecError
 from portable_spec.core.target import TargetModel
+from portable_spec.training.distill_data import Generator, generate_replies, load_sequences
+from portable_spec.training.feature_cache import FeatureDataset, cache_features
+from portable_spec.training.prompts import chat_prompt_split, read_prompts, write_prompts
 from portable_spec.training.train import TrainConfig, drafter_config_for, train_loop
 
 
@@ -32,9 +32,11 @@ def dflash_target_layer_ids(num_target_layers: int, num_feature_layers: int) -> 
         ids = [int(round(start + i * (end - start) / (num_feature_layers - 1))) for i in range(num_feature_layers)]
         if end > start and len(set(ids)) == len(ids):
             return ids
-    raise SpecError(f"a {num_target_layers}-layer target has fewer than {num_feature_layers} usable feature layers "
-                    f"(0..{num_target_layers - 2}); use --num-layers {max(num_target_layers - 1, 1)} or fewer, or pass "
-                    "--target-layer-ids")
+    raise SpecError(
+        f"a {num_target_layers}-layer target has fewer than {num_feature_layers} usable feature layers "
+        f"(0..{num_target_layers - 2}); use --num-layers {max(num_target_layers - 1, 1)} or fewer, or pass "
+        "--target-layer-ids"
+    )
 
 
 def mask_token_for(tokenizer, embedding_rows: int) -> int:
@@ -47,8 +49,10 @@ def mask_token_for(tokenizer, embedding_rows: int) -> int:
     for token_id in (tokenizer.unk_token_id, tokenizer.bos_token_id):
         if token_id is not None:
             return int(token_id)
-    raise SpecError("the tokenizer has no mask, unknown or BOS token and no spare embedding row; "
-                    "pass --mask-token-id with a token id that never appears in replies")
+    raise SpecError(
+        "the tokenizer has no mask, unknown or BOS token and no spare embedding row; "
+        "pass --mask-token-id with a token id that never appears in replies"
+    )
 
 
 def frequent_tokens(data_dir: Path, size: int, always: list[int]) -> torch.Tensor:
@@ -56,7 +60,7 @@ def frequent_tokens(data_dir: Path, size: int, always: list[int]) -> torch.Tenso
     sequences = load_sequences(data_dir)
     counts: Counter[int] = Counter()
     for index in range(len(sequences)):
-        counts.update(sequences.sequence(index)[int(sequences.prompt_lens[index]):].tolist())
+        counts.update(sequences.sequence(index)[int(sequences.prompt_lens[index]) :].tolist())
     chosen = [t for t in always if t is not None]
     for token, _ in counts.most_common():
         if len(chosen) >= size:
@@ -106,8 +110,9 @@ def prepare_prompts(tokenizer, data_path: Path | None, work_dir: Path, recipe: R
         if data_path is None:
             raise SpecError(f"{work_dir}: holds no {TRAIN_PROMPTS}; pass --data with a ShareGPT-style JSON file")
         with locked(data_lock(work_dir), f"--work-dir {work_dir}"):
-            train, heldout = chat_prompt_split(tokenizer, data_path, recipe.max_prompt_tokens, recipe.num_prompts,
-                                               recipe.heldout_prompts)
+            train, heldout = chat_prompt_split(
+                tokenizer, data_path, recipe.max_prompt_tokens, recipe.num_prompts, recipe.heldout_prompts
+            )
             write_prompts(heldout_file, heldout)
             write_prompts(train_file, train)
     return [p["ids"] for p in read_prompts(train_file)][: recipe.num_prompts]
@@ -115,25 +120,43 @@ def prepare_prompts(tokenizer, data_path: Path | None, work_dir: Path, recipe: R
 
 def build_config(target: TargetModel, tokenizer, recipe: RecipeConfig, model_id: str) -> DrafterConfig:
     layer_ids = recipe.target_layer_ids or dflash_target_layer_ids(
-        target.config.num_hidden_layers, recipe.num_hidden_layers)
+        target.config.num_hidden_layers, recipe.num_hidden_layers
+    )
     rows = target.model.get_input_embeddings().weight.shape[0]
     mask = recipe.mask_token_id if recipe.mask_token_id is not None else mask_token_for(tokenizer, rows)
     draft_vocab = recipe.draft_vocab_size
     if draft_vocab is not None and draft_vocab >= rows:  # the default (8192) on a small vocabulary: score it all
         draft_vocab = None
     return drafter_config_for(
-        target, kind=recipe.kind, block_size=recipe.block_size, num_hidden_layers=recipe.num_hidden_layers,
-        target_layer_ids=layer_ids, mask_token_id=mask, intermediate_size=recipe.intermediate_size,
-        draft_vocab_size=draft_vocab, model_id=model_id,
+        target,
+        kind=recipe.kind,
+        block_size=recipe.block_size,
+        num_hidden_layers=recipe.num_hidden_layers,
+        target_layer_ids=layer_ids,
+        mask_token_id=mask,
+        intermediate_size=recipe.intermediate_size,
+        draft_vocab_size=draft_vocab,
+        model_id=model_id,
     )
 
 
 STAGES = ("prompts", "replies", "features", "train")
 
 
-def run_recipe(target: TargetModel, tokenizer, target_dir: Path, data_path: Path | None, work_dir: Path, out_dir: Path,
-               recipe: RecipeConfig, train: TrainConfig, model_id: str, progress: bool = True,
-               until: str = "train", force: bool = False) -> Path | None:
+def run_recipe(
+    target: TargetModel,
+    tokenizer,
+    target_dir: Path,
+    data_path: Path | None,
+    work_dir: Path,
+    out_dir: Path,
+    recipe: RecipeConfig,
+    train: TrainConfig,
+    model_id: str,
+    progress: bool = True,
+    until: str = "train",
+    force: bool = False,
+) -> Path | None:
     """Every stage in order up to `until`; a rerun with the same work_dir skips what is done and resumes training.
     The checkpoint belongs to work_dir: a rerun replaces it, anything else at out_dir needs `force`."""
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -141,9 +164,17 @@ def run_recipe(target: TargetModel, tokenizer, target_dir: Path, data_path: Path
     if until == "prompts":
         return None
     lock = lambda: locked(data_lock(work_dir), f"--work-dir {work_dir}")  # noqa: E731 - taken only for work to do
-    data_dir = generate_replies(target_dir, prompts, work_dir / "data", max_new_tokens=recipe.max_new_tokens,
-                                shard_size=recipe.reply_batch_size, generator=recipe.generator,
-                                device=str(target.device), dtype=target.model.dtype, lock=lock)
+    data_dir = generate_replies(
+        target_dir,
+        prompts,
+        work_dir / "data",
+        max_new_tokens=recipe.max_new_tokens,
+        shard_size=recipe.reply_batch_size,
+        generator=recipe.generator,
+        device=str(target.device),
+        dtype=target.model.dtype,
+        lock=lock,
+    )
     if until == "replies":
         return None
     config = build_config(target, tokenizer, recipe, model_id)
@@ -156,20 +187,34 @@ def run_recipe(target: TargetModel, tokenizer, target_dir: Path, data_path: Path
         vocab = frequent_tokens(data_dir, config.draft_vocab_size, [tokenizer.eos_token_id])
     usable = dataset.trainable(config.block_size, train.seq_len)
     if not usable:
-        raise SpecError(f"{data_dir}: no reply is longer than block_size={config.block_size}; "
-                        "raise max_new_tokens or lower block_size")
+        raise SpecError(
+            f"{data_dir}: no reply is longer than block_size={config.block_size}; "
+            "raise max_new_tokens or lower block_size"
+        )
     log_file = work_dir / f"{out_dir.name}-loss.jsonl"
 
     def draw(generator: torch.Generator):
         picks = torch.randint(0, len(usable), (train.batch_size,), generator=generator).tolist()
-        return dataset.batch([usable[i] for i in picks], config.block_size, train.anchors_per_seq, train.seq_len,
-                             generator)
+        return dataset.batch(
+            [usable[i] for i in picks], config.block_size, train.anchors_per_seq, train.seq_len, generator
+        )
 
     def log(step: int, loss: float) -> None:
         with open(log_file, "a") as handle:
             handle.write(json.dumps({"step": step, "loss": round(loss, 5)}) + "\n")
 
     with locked(training_lock(work_dir, out_dir.name), f"--work-dir {work_dir} (training {out_dir.name})"):
-        train_loop(target, config, draw, train, out_dir, work_dir / f"state-{out_dir.name}", progress,
-                   draft_vocab=vocab, log=log, out_owner=str(work_dir.resolve()), force=force)
+        train_loop(
+            target,
+            config,
+            draw,
+            train,
+            out_dir,
+            work_dir / f"state-{out_dir.name}",
+            progress,
+            draft_vocab=vocab,
+            log=log,
+            out_owner=str(work_dir.resolve()),
+            force=force,
+        )
     return out_dir

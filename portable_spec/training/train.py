@@ -19,11 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from portable_spec.core.outputs import write_dir_atomically
-from portable_spec.training.data import sample_windows
 from portable_spec.core.drafter import Drafter, load_drafter
+from portable_spec.core.outputs import write_dir_atomically
 from portable_spec.core.spec import DrafterConfig, SpecError, read_config
 from portable_spec.core.target import TargetModel, drafter_config_for  # noqa: F401 - re-exported for callers
+from portable_spec.training.data import sample_windows
 
 
 class TrainConfig(BaseModel):
@@ -39,10 +39,15 @@ class TrainConfig(BaseModel):
     seed: int = Field(0, ge=0)
     save_every: int = Field(100, ge=1, description="Steps between resumable training-state saves.")
     time_budget: float | None = Field(
-        None, gt=0, allow_inf_nan=False, description="Seconds of training (resumes included): the learning-rate "
-        "schedule follows elapsed time and the run ends on time, checkpoint written; steps stays a cap.")
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds of training (resumes included): the learning-rate "
+        "schedule follows elapsed time and the run ends on time, checkpoint written; steps stays a cap.",
+    )
     precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto", description="auto: bf16 autocast on CUDA (fp32 master weights), fp32 elsewhere.")
+        "auto", description="auto: bf16 autocast on CUDA (fp32 master weights), fp32 elsewhere."
+    )
 
 
 def drafter_loss(drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor, gamma: float):
@@ -88,8 +93,9 @@ def stream_batches(target: TargetModel, stream: torch.Tensor, config: "TrainConf
         anchors = (1 + scores.argsort(dim=1)[:, : config.anchors_per_seq]).to(target.device)  # distinct, [1, T - k]
         positions = torch.arange(config.seq_len, device=target.device).expand(config.batch_size, -1)
         with torch.no_grad():
-            _, features = target.forward(tokens, positions, torch.ones_like(tokens, dtype=torch.bool),
-                                         target.new_cache(), layer_ids)
+            _, features = target.forward(
+                tokens, positions, torch.ones_like(tokens, dtype=torch.bool), target.new_cache(), layer_ids
+            )
         return tokens, features, anchors
 
     return draw
@@ -117,37 +123,51 @@ def check_shapes(block_size: int, config: TrainConfig) -> None:
     """Anchors need a whole block after them inside a sequence: seq_len - block_size >= anchors_per_seq."""
     room = config.seq_len - block_size
     if room < config.anchors_per_seq:
-        raise SpecError(f"seq_len={config.seq_len} leaves {max(room, 0)} anchor positions for block_size="
-                        f"{block_size}, anchors_per_seq={config.anchors_per_seq} needs that many; use "
-                        f"--seq-len >= {block_size + config.anchors_per_seq}")
+        raise SpecError(
+            f"seq_len={config.seq_len} leaves {max(room, 0)} anchor positions for block_size="
+            f"{block_size}, anchors_per_seq={config.anchors_per_seq} needs that many; use "
+            f"--seq-len >= {block_size + config.anchors_per_seq}"
+        )
 
 
 # a resumed run may train longer (in steps or seconds) or save more often; nothing else
 RESUMABLE_CHANGES = ("steps", "save_every", "time_budget")
 
 
-def _save_state(state_dir: Path, drafter: Drafter, optimizer: torch.optim.Optimizer, step: int,
-                config: TrainConfig, elapsed: float) -> None:
+def _save_state(
+    state_dir: Path, drafter: Drafter, optimizer: torch.optim.Optimizer, step: int, config: TrainConfig, elapsed: float
+) -> None:
     state = optimizer.state_dict()
     tensors = {f"state.{i}.{name}": value for i, entry in state["state"].items() for name, value in entry.items()}
 
     def write(tmp: Path) -> None:
         drafter.save(tmp / "drafter")
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
-        (tmp / "trainer_state.json").write_text(json.dumps(
-            {"step": step, "elapsed_seconds": elapsed, "param_groups": state["param_groups"],
-             "train_config": config.model_dump()}))
+        (tmp / "trainer_state.json").write_text(
+            json.dumps(
+                {
+                    "step": step,
+                    "elapsed_seconds": elapsed,
+                    "param_groups": state["param_groups"],
+                    "train_config": config.model_dump(),
+                }
+            )
+        )
 
     write_dir_atomically(state_dir, write, kind="training-state")
 
 
 def _differences(saved: dict, asked: dict, ignore: tuple[str, ...] = ()) -> list[str]:
-    return [f"{key}: saved {saved.get(key)!r}, asked {asked.get(key)!r}" for key in sorted(set(saved) | set(asked))
-            if key not in ignore and saved.get(key) != asked.get(key)]
+    return [
+        f"{key}: saved {saved.get(key)!r}, asked {asked.get(key)!r}"
+        for key in sorted(set(saved) | set(asked))
+        if key not in ignore and saved.get(key) != asked.get(key)
+    ]
 
 
-def _load_state(state_dir: Path, target: TargetModel, optimizer_for, drafter_config: DrafterConfig,
-                config: TrainConfig) -> tuple[Drafter, torch.optim.Optimizer, int, float]:
+def _load_state(
+    state_dir: Path, target: TargetModel, optimizer_for, drafter_config: DrafterConfig, config: TrainConfig
+) -> tuple[Drafter, torch.optim.Optimizer, int, float]:
     """Resume only the run that was asked for: the saved drafter and training configs must match (steps and
     save_every may change), else a field-by-field diff; a corrupt state file is refused by name."""
     meta_file = state_dir / "trainer_state.json"
@@ -156,15 +176,19 @@ def _load_state(state_dir: Path, target: TargetModel, optimizer_for, drafter_con
         step, groups = int(meta["step"]), meta["param_groups"]
         elapsed = float(meta.get("elapsed_seconds", 0.0))
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as error:
-        raise SpecError(f"{meta_file}: corrupt training state ({type(error).__name__}: {error}); delete {state_dir} "
-                        "to start over, or restore it") from None
+        raise SpecError(
+            f"{meta_file}: corrupt training state ({type(error).__name__}: {error}); delete {state_dir} "
+            "to start over, or restore it"
+        ) from None
     saved_drafter = read_config(state_dir / "drafter")
     diff = _differences(saved_drafter.model_dump(), drafter_config.model_dump())
     if "train_config" in meta:  # states written before the training config was saved carry only the drafter's
         diff += _differences(meta["train_config"], config.model_dump(), ignore=RESUMABLE_CHANGES)
     if diff:
-        raise SpecError(f"{state_dir}: holds another training run than the one asked for ({'; '.join(diff)}); "
-                        f"use another --work-dir, delete {state_dir} to start over, or ask for the saved settings")
+        raise SpecError(
+            f"{state_dir}: holds another training run than the one asked for ({'; '.join(diff)}); "
+            f"use another --work-dir, delete {state_dir} to start over, or ask for the saved settings"
+        )
     drafter = load_drafter(state_dir / "drafter", target.shared_modules()).to(target.device)
     optimizer = optimizer_for(drafter)
     state: dict = {}
@@ -176,26 +200,36 @@ def _load_state(state_dir: Path, target: TargetModel, optimizer_for, drafter_con
 
 
 def train_drafter(
-    target: TargetModel, drafter_config: DrafterConfig, stream: torch.Tensor, config: TrainConfig,
-    out_dir: Path, state_dir: Path | None = None, progress: bool = True,
+    target: TargetModel,
+    drafter_config: DrafterConfig,
+    stream: torch.Tensor,
+    config: TrainConfig,
+    out_dir: Path,
+    state_dir: Path | None = None,
+    progress: bool = True,
 ) -> Drafter:
     """Train on a raw token stream (the fixtures' recipe): the target runs on every batch."""
     vocab = target.model.get_input_embeddings().weight.shape[0]
     if stream.ndim != 1 or stream.dtype.is_floating_point or stream.dtype == torch.bool:
-        raise SpecError(f"stream: a 1-D tensor of integer token ids is needed, got {stream.dtype} of shape "
-                        f"{tuple(stream.shape)}")
+        raise SpecError(
+            f"stream: a 1-D tensor of integer token ids is needed, got {stream.dtype} of shape {tuple(stream.shape)}"
+        )
     if len(stream) < config.seq_len:
-        raise SpecError(f"stream has {len(stream)} tokens, fewer than seq_len={config.seq_len}; give more text or "
-                        "lower --seq-len")
+        raise SpecError(
+            f"stream has {len(stream)} tokens, fewer than seq_len={config.seq_len}; give more text or lower --seq-len"
+        )
     if int(stream.min()) < 0 or int(stream.max()) >= vocab:
-        raise SpecError(f"stream holds token ids outside [0, {vocab}) (min {int(stream.min())}, max "
-                        f"{int(stream.max())}); tokenize with the target's tokenizer")
+        raise SpecError(
+            f"stream holds token ids outside [0, {vocab}) (min {int(stream.min())}, max "
+            f"{int(stream.max())}); tokenize with the target's tokenizer"
+        )
     draw = stream_batches(target, stream, config, drafter_config.target_layer_ids, drafter_config.block_size)
     return train_loop(target, drafter_config, draw, config, out_dir, state_dir, progress)
 
 
-def initial_drafter(target: TargetModel, drafter_config: DrafterConfig, seed: int,
-                    draft_vocab: torch.Tensor | None = None) -> Drafter:
+def initial_drafter(
+    target: TargetModel, drafter_config: DrafterConfig, seed: int, draft_vocab: torch.Tensor | None = None
+) -> Drafter:
     """A fresh drafter on the target's device, initialised on the CPU from `seed` (the same weights on every
     device), with its draft vocabulary set."""
     torch.manual_seed(seed)
@@ -206,9 +240,17 @@ def initial_drafter(target: TargetModel, drafter_config: DrafterConfig, seed: in
 
 
 def train_loop(
-    target: TargetModel, drafter_config: DrafterConfig, draw, config: TrainConfig, out_dir: Path,
-    state_dir: Path | None = None, progress: bool = True, draft_vocab: torch.Tensor | None = None,
-    log: Callable[[int, float], None] | None = None, out_owner: str | None = None, force: bool = False,
+    target: TargetModel,
+    drafter_config: DrafterConfig,
+    draw,
+    config: TrainConfig,
+    out_dir: Path,
+    state_dir: Path | None = None,
+    progress: bool = True,
+    draft_vocab: torch.Tensor | None = None,
+    log: Callable[[int, float], None] | None = None,
+    out_owner: str | None = None,
+    force: bool = False,
 ) -> Drafter:
     """Optimise a drafter on batches `draw(generator) -> (tokens, features, anchors)` (on the target's device); the
     generator is seeded by (seed, step), so resuming from state_dir (saved every save_every steps) repeats the
@@ -224,13 +266,14 @@ def train_loop(
 
     device = target.device
     if state_dir is not None and (Path(state_dir) / "trainer_state.json").exists():
-        drafter, optimizer, start, elapsed = _load_state(Path(state_dir), target, optimizer_for, drafter_config,
-                                                         config)
+        drafter, optimizer, start, elapsed = _load_state(Path(state_dir), target, optimizer_for, drafter_config, config)
     else:
         drafter, start, elapsed = initial_drafter(target, drafter_config, config.seed, draft_vocab), 0, 0.0
         optimizer = optimizer_for(drafter)
     drafter.train()
-    bar = tqdm(range(start, config.steps), initial=start, total=config.steps, disable=not progress, desc=drafter_config.kind)
+    bar = tqdm(
+        range(start, config.steps), initial=start, total=config.steps, disable=not progress, desc=drafter_config.kind
+    )
     clock = time.perf_counter() - elapsed  # elapsed seconds carry over a resume
     done = start
     for step in bar:

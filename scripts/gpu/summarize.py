@@ -12,8 +12,11 @@ COLUMNS = ("step", "result", "seconds", "figures")
 
 def _figures(report: dict) -> str:
     """Top-level numbers and booleans of a step's JSON report, as `key=value` pairs."""
-    shown = [f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in report.items()
-             if isinstance(v, (int, float, bool)) and not isinstance(v, str)]
+    shown = [
+        f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+        for k, v in report.items()
+        if isinstance(v, (int, float, bool)) and not isinstance(v, str)
+    ]
     return ", ".join(shown[:10]) or "-"
 
 
@@ -26,11 +29,20 @@ def summarize(out: Path) -> tuple[str, list[dict]]:
         report = json.loads(report_file.read_text()) if report_file.exists() else {}
         log = out / f"{name}.log"
         tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-        result = "pass" if status["rc"] == 0 else ("timed out" if status["rc"] == 124 else f"FAILED (exit {status['rc']})")
+        result = (
+            "pass" if status["rc"] == 0 else ("timed out" if status["rc"] == 124 else f"FAILED (exit {status['rc']})")
+        )
         if status["rc"] != 0 and tail:
             result += f": {tail[0][:160]}"
-        rows.append({"step": name, "result": result, "seconds": status["seconds"], "figures": _figures(report),
-                     "report": report})
+        rows.append(
+            {
+                "step": name,
+                "result": result,
+                "seconds": status["seconds"],
+                "figures": _figures(report),
+                "report": report,
+            }
+        )
     device = (out / "device.txt").read_text().strip() if (out / "device.txt").exists() else "unknown device"
     lines = [f"GPU run on {device}", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(str(row[c]) for c in COLUMNS) + " |" for row in rows]

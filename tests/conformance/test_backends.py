@@ -9,11 +9,20 @@ from functools import cache
 
 import pytest
 
-from portable_spec.core.backends import backend_names
-
 from portable_spec.conformance.checks import all_checks
-from portable_spec.conformance.runner import (FAIL, INHERITS, SKIP, SPEC, XFAIL, XPASS, ResolvedBackend,
-                                              load_expected_failures, resolve_backend, run_check)
+from portable_spec.conformance.runner import (
+    FAIL,
+    INHERITS,
+    SKIP,
+    SPEC,
+    XFAIL,
+    XPASS,
+    ResolvedBackend,
+    load_expected_failures,
+    resolve_backend,
+    run_check,
+)
+from portable_spec.core.backends import backend_names
 
 CHECKS = all_checks()
 EXPECTED = load_expected_failures(backend_names(), [check.id for check in CHECKS])
@@ -24,10 +33,10 @@ def _resolved(name: str) -> ResolvedBackend:
     return resolve_backend(name)
 
 
-@pytest.mark.parametrize("backend_name, check", [
-    pytest.param(name, check, id=f"{name}:{check.id}")
-    for name in backend_names() for check in CHECKS
-])
+@pytest.mark.parametrize(
+    "backend_name, check",
+    [pytest.param(name, check, id=f"{name}:{check.id}") for name in backend_names() for check in CHECKS],
+)
 def test_conformance(backend_name, check, workspace) -> None:
     outcome = run_check(_resolved(backend_name), check, workspace, EXPECTED)
     if outcome.status in (SKIP, INHERITS, SPEC):  # none of them is a pass

@@ -5,14 +5,30 @@ from __future__ import annotations
 import pytest
 
 from portable_spec import cli
-from portable_spec.core.backends import BACKENDS
-
 from portable_spec.conformance.checks import all_checks
-from portable_spec.core.backends import ReferenceBackend
-from portable_spec.conformance.runner import (FAIL, INHERITS, PASS, SKIP, SPEC, XFAIL, XPASS, ExpectedFailures,
-                                              format_report, resolve_backend, run_check)
-from tests.conformance.toy_backends import (EchoReferenceBackend, GlobalRngBackend, LayerShiftBackend, OffByOneBackend,
-                           ToyVerifierBackend, UnavailableBackend, ZeroQBackend)
+from portable_spec.conformance.runner import (
+    FAIL,
+    INHERITS,
+    PASS,
+    SKIP,
+    SPEC,
+    XFAIL,
+    XPASS,
+    ExpectedFailures,
+    format_report,
+    resolve_backend,
+    run_check,
+)
+from portable_spec.core.backends import BACKENDS, ReferenceBackend
+from tests.conformance.toy_backends import (
+    EchoReferenceBackend,
+    GlobalRngBackend,
+    LayerShiftBackend,
+    OffByOneBackend,
+    ToyVerifierBackend,
+    UnavailableBackend,
+    ZeroQBackend,
+)
 
 CHECKS = {check.id: check for check in all_checks()}
 NONE_EXPECTED = ExpectedFailures(format_version=1, entries=[])
@@ -31,8 +47,12 @@ def test_toy_verifier_without_bug_conforms(workspace) -> None:
 
 def test_off_by_one_acceptance_is_caught(workspace) -> None:
     results = outcomes(OffByOneBackend(), VERIFY_CHECKS, workspace)
-    for cid in ("golden/greedy_first_reject", "golden/temperature_first_reject", "golden/greedy_ties",
-                "verify/distribution"):
+    for cid in (
+        "golden/greedy_first_reject",
+        "golden/temperature_first_reject",
+        "golden/greedy_ties",
+        "verify/distribution",
+    ):
         assert results[cid].status == FAIL, cid
     assert "accepted_len" in results["golden/greedy_first_reject"].detail
     assert results["golden/greedy_all_accept"].status == PASS  # nothing to reject: the bug is invisible there
@@ -49,8 +69,17 @@ def test_verifier_using_global_rng_is_caught(workspace) -> None:
     results = outcomes(GlobalRngBackend(), VERIFY_CHECKS, workspace)
     assert results["verify/no_global_rng"].status == FAIL
     assert "global RNG" in results["verify/no_global_rng"].detail
-    sampled = [cid for cid in ("golden/temperature", "golden/top_k", "golden/top_p", "golden/ragged_sampled_batch",
-                               "golden/draft_probs_ragged") if results[cid].status == FAIL]
+    sampled = [
+        cid
+        for cid in (
+            "golden/temperature",
+            "golden/top_k",
+            "golden/top_p",
+            "golden/ragged_sampled_batch",
+            "golden/draft_probs_ragged",
+        )
+        if results[cid].status == FAIL
+    ]
     assert len(sampled) >= 3, {cid: o.status for cid, o in results.items()}
     assert results["golden/greedy_ties"].status == PASS  # greedy consumes no noise
 
@@ -75,12 +104,23 @@ def test_a_backend_returning_the_references_own_objects_is_caught(workspace) -> 
 def test_the_reference_is_never_compared_with_itself(workspace) -> None:
     """Reference column: checks whose only oracle is the reference are `spec`; the rest (golden files, statistics,
     losslessness against its own plain decoding) really run and pass."""
-    ids = ["golden/top_k", "verify/distribution", "target/forward", "drafter/block_logits/parallel",
-           "e2e/greedy_tiny/depth_causal", "e2e/sampled_tiny/parallel"]
+    ids = [
+        "golden/top_k",
+        "verify/distribution",
+        "target/forward",
+        "drafter/block_logits/parallel",
+        "e2e/greedy_tiny/depth_causal",
+        "e2e/sampled_tiny/parallel",
+    ]
     results = outcomes(ReferenceBackend(), ids, workspace)
     assert {cid: o.status for cid, o in results.items()} == {
-        "golden/top_k": PASS, "verify/distribution": PASS, "target/forward": SPEC,
-        "drafter/block_logits/parallel": SPEC, "e2e/greedy_tiny/depth_causal": PASS, "e2e/sampled_tiny/parallel": SPEC}
+        "golden/top_k": PASS,
+        "verify/distribution": PASS,
+        "target/forward": SPEC,
+        "drafter/block_logits/parallel": SPEC,
+        "e2e/greedy_tiny/depth_causal": PASS,
+        "e2e/sampled_tiny/parallel": SPEC,
+    }
 
 
 def test_unavailable_backend_is_skipped_with_its_reason_never_passed(workspace) -> None:
@@ -100,12 +140,26 @@ def test_backend_that_cannot_be_constructed_fails_every_check(workspace) -> None
 
 
 def test_expected_failures_turn_fail_into_xfail_and_pass_into_xpass(workspace) -> None:
-    expected = ExpectedFailures.model_validate({"format_version": 1, "entries": [
-        {"backend": "broken_off_by_one", "check": "golden/*first_reject", "reason": "toy: counts the rejected draft"},
-        {"backend": "broken_off_by_one", "check": "golden/greedy_all_accept", "reason": "toy: listed but passes"},
-    ]})
-    results = outcomes(OffByOneBackend(), ["golden/greedy_first_reject", "golden/greedy_all_accept"], workspace,
-                       expected)
+    expected = ExpectedFailures.model_validate(
+        {
+            "format_version": 1,
+            "entries": [
+                {
+                    "backend": "broken_off_by_one",
+                    "check": "golden/*first_reject",
+                    "reason": "toy: counts the rejected draft",
+                },
+                {
+                    "backend": "broken_off_by_one",
+                    "check": "golden/greedy_all_accept",
+                    "reason": "toy: listed but passes",
+                },
+            ],
+        }
+    )
+    results = outcomes(
+        OffByOneBackend(), ["golden/greedy_first_reject", "golden/greedy_all_accept"], workspace, expected
+    )
     assert results["golden/greedy_first_reject"].status == XFAIL
     assert results["golden/greedy_all_accept"].status == XPASS
 
@@ -114,8 +168,18 @@ def test_registered_broken_backend_fails_the_cli(tmp_path, monkeypatch) -> None:
     """Registration is one registry line; the command then reports the failure and exits 1."""
     monkeypatch.setitem(BACKENDS, "broken_off_by_one", "conformance.toy_backends:OffByOneBackend")
     report = tmp_path / "conformance.md"
-    code = cli.main(["conformance", "--backends", "reference", "broken_off_by_one", "--checks", "golden/greedy_*",
-                     "--output", str(report)])
+    code = cli.main(
+        [
+            "conformance",
+            "--backends",
+            "reference",
+            "broken_off_by_one",
+            "--checks",
+            "golden/greedy_*",
+            "--output",
+            str(report),
+        ]
+    )
     text = report.read_text()
     assert code == 1
     assert "| golden/greedy_first_reject | pass | FAIL [1] |" in text

@@ -6,10 +6,9 @@ import json
 
 import pytest
 
-from portable_spec.core import fixtures
-
 from portable_spec.conformance.checks import all_checks
 from portable_spec.conformance.runner import PASS, SKIP, ExpectedFailures, resolve_backend, run_check
+from portable_spec.core import fixtures
 
 CHECKS = {check.id: check for check in all_checks()}
 NONE_EXPECTED = ExpectedFailures(format_version=1, entries=[])
@@ -26,8 +25,9 @@ def assets(tmp_path, monkeypatch):
 
 
 def test_heldout_check_skips_naming_what_is_missing(assets, workspace) -> None:
-    outcome = run_check(resolve_backend("reference"), CHECKS["e2e/greedy_heldout/depth_causal"], workspace,
-                        NONE_EXPECTED)
+    outcome = run_check(
+        resolve_backend("reference"), CHECKS["e2e/greedy_heldout/depth_causal"], workspace, NONE_EXPECTED
+    )
     assert outcome.status == SKIP
     assert "portable_spec/assets/drafters/depth_causal" in outcome.detail and "make_fixtures.py" in outcome.detail
 
@@ -39,6 +39,7 @@ def test_heldout_check_runs_on_the_fixture_layout(assets, workspace) -> None:
     (assets / "drafters" / "depth_causal").symlink_to(workspace.tiny_drafter("depth_causal"), target_is_directory=True)
     prompts = [{"ids": [(7 * i + j) % 200 for j in range(48)], "text": ""} for i in range(4)]
     (assets / "heldout_prompts.json").write_text(json.dumps(prompts))
-    outcome = run_check(resolve_backend("reference"), CHECKS["e2e/greedy_heldout/depth_causal"], workspace,
-                        NONE_EXPECTED)
+    outcome = run_check(
+        resolve_backend("reference"), CHECKS["e2e/greedy_heldout/depth_causal"], workspace, NONE_EXPECTED
+    )
     assert outcome.status == PASS, outcome.detail

@@ -10,8 +10,19 @@ from portable_spec.conformance.golden import case_paths
 
 def test_cli_writes_the_report_and_passes_on_the_reference(tmp_path, capsys) -> None:
     report = tmp_path / "docs" / "conformance.md"
-    code = cli.main(["conformance", "--backends", "reference", "--checks", "golden/*", "verify/*", "target/*",
-                     "--output", str(report)])
+    code = cli.main(
+        [
+            "conformance",
+            "--backends",
+            "reference",
+            "--checks",
+            "golden/*",
+            "verify/*",
+            "target/*",
+            "--output",
+            str(report),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     text = report.read_text()
@@ -41,7 +52,18 @@ def test_a_stale_report_is_caught(tmp_path, capsys) -> None:
     report = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
     tampered = tmp_path / "conformance.md"
     tampered.write_text(report.read_text().replace("| golden/top_k | pass |", "| golden/top_k | FAIL [1] |"))
-    code = cli.main(["conformance", "--backends", "reference", "--checks", "golden/top_k", "--output", "-",
-                     "--check-report", str(tampered)])
+    code = cli.main(
+        [
+            "conformance",
+            "--backends",
+            "reference",
+            "--checks",
+            "golden/top_k",
+            "--output",
+            "-",
+            "--check-report",
+            str(tampered),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1 and "stale: reference x golden/top_k" in out

@@ -7,9 +7,8 @@ from functools import partial
 import pytest
 import torch
 
-from portable_spec.core.verify import verify
-
 from portable_spec.conformance.distribution import ALPHA, chi_square, distribution_fits
+from portable_spec.core.verify import verify
 from tests.conformance.toy_backends import toy_verify
 
 

@@ -7,9 +7,8 @@ import json
 import pytest
 import torch
 
-from portable_spec.core.sampling import target_probs
-
 from portable_spec.conformance.golden import FORMAT_VERSION, TAGS, GoldenError, case_paths, load_case, to_tensors
+from portable_spec.core.sampling import target_probs
 
 PATHS = case_paths()
 
@@ -29,8 +28,9 @@ def test_golden_file_is_consistent(path) -> None:
     assert golden.output_tokens.shape == (batch, chain)
     assert golden.noise.sample_uniform.shape == (batch, chain, vocab)
     # the shared sampling transform still yields the stored p (informative field, float tolerance)
-    torch.testing.assert_close(target_probs(golden.target_logits, golden.sampling), golden.target_probs,
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        target_probs(golden.target_logits, golden.sampling), golden.target_probs, atol=1e-6, rtol=0
+    )
 
 
 def test_loader_refuses_other_format_version(tmp_path) -> None:

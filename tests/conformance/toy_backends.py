@@ -15,12 +15,26 @@ from portable_spec.core.spec import read_config
 from portable_spec.core.target import TargetModel
 from portable_spec.core.verify import VerifyResult
 
-VERIFIER_BUGS = ("off_by_one", "global_rng", "accept_with_p", "resample_from_p", "unnormalised_residual",
-                 "accept_zero_q")
+VERIFIER_BUGS = (
+    "off_by_one",
+    "global_rng",
+    "accept_with_p",
+    "resample_from_p",
+    "unnormalised_residual",
+    "accept_zero_q",
+)
 
 
-def toy_verify(target_logits, draft_tokens, sampling: SamplingBatch, noise: VerifyNoise, draft_probs=None,
-               num_drafts=None, *, bug: str | None = None) -> VerifyResult:
+def toy_verify(
+    target_logits,
+    draft_tokens,
+    sampling: SamplingBatch,
+    noise: VerifyNoise,
+    draft_probs=None,
+    num_drafts=None,
+    *,
+    bug: str | None = None,
+) -> VerifyResult:
     batch, n = draft_tokens.shape
     vocab = target_logits.shape[-1]
     num_drafts = torch.full((batch,), n) if num_drafts is None else num_drafts

@@ -22,8 +22,13 @@ import torch
 def init_sglang_cpu(master_port: int = 29632) -> None:
     """Single-process model-parallel groups on gloo + a published CPU ServerArgs (what layer_ut_utils does,
     without importing sglang.test, which needs `datasets`). Idempotent."""
-    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(master_port)), ("RANK", "0"),
-                       ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+    for key, value in (
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", str(master_port)),
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+    ):
         os.environ.setdefault(key, value)
     shim_vllm_rotary()
     from sglang.srt.distributed import parallel_state
@@ -74,8 +79,9 @@ def load_with_sglang(model_dir: Path, *, is_draft_model: bool, dtype: str = "flo
     from sglang.srt.model_loader import get_model
 
     model_config = ModelConfig(model_path=str(model_dir), dtype=dtype, is_draft_model=is_draft_model)
-    model = get_model(model_config=model_config, load_config=LoadConfig(load_format="auto"),
-                      device_config=DeviceConfig(device="cpu"))
+    model = get_model(
+        model_config=model_config, load_config=LoadConfig(load_format="auto"), device_config=DeviceConfig(device="cpu")
+    )
     return model.eval(), model_config
 
 
@@ -101,9 +107,16 @@ def draft_block_hidden(model, blocks: DraftBlocks) -> torch.Tensor:  # [B, k, H]
     attn = model.layers[0].self_attn
     dtype = model.fc.weight.dtype
     total = int(context_lens.sum()) + batch * k
-    pool = MHATokenToKVPool(size=total, page_size=1, dtype=dtype, head_num=attn.num_kv_heads,
-                            head_dim=attn.head_dim, layer_num=len(model.layers), device="cpu",
-                            enable_memory_saver=False)
+    pool = MHATokenToKVPool(
+        size=total,
+        page_size=1,
+        dtype=dtype,
+        head_num=attn.num_kv_heads,
+        head_dim=attn.head_dim,
+        layer_num=len(model.layers),
+        device="cpu",
+        enable_memory_saver=False,
+    )
     req_to_token = torch.zeros(batch, int(context_lens.max()) + k, dtype=torch.int32)
     slots = iter(range(1, total + 1))  # slot 0 is the pool's padding slot
     for b, length in enumerate(context_lens.tolist()):
@@ -118,22 +131,37 @@ def draft_block_hidden(model, blocks: DraftBlocks) -> torch.Tensor:  # [B, k, H]
         layer_attn = layer.self_attn
         key, value = layer_attn.kv_proj_only(model.prepare_context_hidden_for_kv(layer, context_hidden))
         key = layer_attn.apply_k_rope(context_positions, layer_attn.apply_k_norm(key))
-        pool.set_kv_buffer(layer_attn.attn, KVWriteLoc(context_loc, physical=True),
-                           key.view(-1, layer_attn.num_kv_heads, layer_attn.head_dim),
-                           value.view(-1, layer_attn.num_kv_heads, layer_attn.head_dim),
-                           layer_attn.attn.k_scale, layer_attn.attn.v_scale)
+        pool.set_kv_buffer(
+            layer_attn.attn,
+            KVWriteLoc(context_loc, physical=True),
+            key.view(-1, layer_attn.num_kv_heads, layer_attn.head_dim),
+            value.view(-1, layer_attn.num_kv_heads, layer_attn.head_dim),
+            layer_attn.attn.k_scale,
+            layer_attn.attn.v_scale,
+        )
 
-    runner = types.SimpleNamespace(device="cpu", req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token),
-                                   token_to_kv_pool=pool)
+    runner = types.SimpleNamespace(
+        device="cpu", req_to_token_pool=types.SimpleNamespace(req_to_token=req_to_token), token_to_kv_pool=pool
+    )
     backend = TorchNativeAttnBackend(runner)
     forward_batch = types.SimpleNamespace(  # the fields of the worker's draft ForwardBatch this backend reads
-        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=batch, out_cache_loc=block_loc,
-        req_pool_indices=torch.arange(batch), seq_lens=context_lens + k, extend_prefix_lens=context_lens,
-        extend_seq_lens=torch.full((batch,), k), encoder_lens=None, global_num_token_non_padded_cpu=batch * k,
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        batch_size=batch,
+        out_cache_loc=block_loc,
+        req_pool_indices=torch.arange(batch),
+        seq_lens=context_lens + k,
+        extend_prefix_lens=context_lens,
+        extend_seq_lens=torch.full((batch,), k),
+        encoder_lens=None,
+        global_num_token_non_padded_cpu=batch * k,
         mha_return_lse=False,
     )
     backend.init_forward_metadata(forward_batch)
     set_forward_context(ForwardContext(attn_backend=backend))
-    output = model(input_ids=torch.zeros(batch * k, dtype=torch.long), positions=blocks.block_positions.reshape(-1),
-                   forward_batch=forward_batch, input_embeds=blocks.block_embeds.reshape(-1, hidden).to(dtype))
+    output = model(
+        input_ids=torch.zeros(batch * k, dtype=torch.long),
+        positions=blocks.block_positions.reshape(-1),
+        forward_batch=forward_batch,
+        input_embeds=blocks.block_embeds.reshape(-1, hidden).to(dtype),
+    )
     return output.hidden_states.view(batch, k, hidden)

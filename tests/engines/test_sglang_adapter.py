@@ -46,6 +46,7 @@ def ckpts(tmp_path_factory) -> dict[str, Path]:
 
 # -- no SGLang needed ----------------------------------------------------------------------------------------
 
+
 def test_version_guard(monkeypatch):
     assert validate.check_sglang_version("0.5.23") == "0.5.23"
     with pytest.raises(SpecError, match=r"sglang==0\.5\.24 is installed.*supports sglang 0\.5\.23 only.*pip install"):
@@ -79,16 +80,19 @@ def test_autoregressive_and_other_algorithms_are_refused(ckpts):
     assert validate.hint_for_unknown_algorithm("MY_SPEC") is None
 
 
-@pytest.mark.parametrize("kind, options, error", [
-    ("parallel", dict(num_draft_tokens=4), r"attends bidirectionally.*--speculative-num-draft-tokens 8"),
-    ("parallel", dict(dflash_block_size=16), r"--speculative-dflash-block-size 16 runs a 16-slot block"),
-    ("depth_causal", dict(num_draft_tokens=9), r"--speculative-num-draft-tokens 9 is outside 2\.\.8"),
-    ("depth_causal", dict(num_draft_tokens=1), r"outside 2\.\.8"),
-    ("depth_causal", dict(draft_window_size=64), r"drop --speculative-draft-window-size"),
-    ("parallel", dict(num_draft_tokens=8), None),
-    ("depth_causal", dict(num_draft_tokens=4), None),  # causal block: a prefix of the trained one
-    ("depth_causal", dict(), None),  # None: SGLang reads block_size from config.json
-])
+@pytest.mark.parametrize(
+    "kind, options, error",
+    [
+        ("parallel", dict(num_draft_tokens=4), r"attends bidirectionally.*--speculative-num-draft-tokens 8"),
+        ("parallel", dict(dflash_block_size=16), r"--speculative-dflash-block-size 16 runs a 16-slot block"),
+        ("depth_causal", dict(num_draft_tokens=9), r"--speculative-num-draft-tokens 9 is outside 2\.\.8"),
+        ("depth_causal", dict(num_draft_tokens=1), r"outside 2\.\.8"),
+        ("depth_causal", dict(draft_window_size=64), r"drop --speculative-draft-window-size"),
+        ("parallel", dict(num_draft_tokens=8), None),
+        ("depth_causal", dict(num_draft_tokens=4), None),  # causal block: a prefix of the trained one
+        ("depth_causal", dict(), None),  # None: SGLang reads block_size from config.json
+    ],
+)
 def test_speculative_options(ckpts, kind, options, error):
     config = read_config(ckpts[kind])
     kwargs = {**dict(num_draft_tokens=None, dflash_block_size=None, draft_window_size=None, source="ckpt"), **options}
@@ -118,8 +122,9 @@ def test_served_target_binding(ckpts):
     padded = torch.cat([mine.get_input_embeddings().weight, torch.zeros(64, 128)])  # SGLang pads the vocab
     assert validate.check_served_target(config, **dims, embedding=padded, lm_head=mine.get_output_embeddings().weight)
     with pytest.raises(SpecError, match=r"fingerprint: drafter was trained for"):
-        validate.check_served_target(config, **dims, embedding=other.get_input_embeddings().weight,
-                                     lm_head=other.get_output_embeddings().weight)
+        validate.check_served_target(
+            config, **dims, embedding=other.get_input_embeddings().weight, lm_head=other.get_output_embeddings().weight
+        )
     shard = other.get_input_embeddings().weight[:128]  # tensor parallel: a vocab shard, no fingerprint
     assert not validate.check_served_target(config, **dims, embedding=shard, lm_head=shard)
     with pytest.raises(SpecError, match=r"num_hidden_layers: drafter expects 3, served target has 4"):
@@ -127,6 +132,7 @@ def test_served_target_binding(ckpts):
 
 
 # -- SGLang 0.5.23 ---------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def sglang_cpu():
@@ -143,8 +149,12 @@ def sglang_cpu():
 def _server_args(ckpts, draft: str, *, target: str = "target", **fields):
     from sglang.srt.server_args import ServerArgs
 
-    return ServerArgs(model_path=str(ckpts[target]), speculative_draft_model_path=str(ckpts[draft]),
-                      skip_tokenizer_init=True, **{"device": "cpu", "speculative_algorithm": "DFLASH", **fields})
+    return ServerArgs(
+        model_path=str(ckpts[target]),
+        speculative_draft_model_path=str(ckpts[draft]),
+        skip_tokenizer_init=True,
+        **{"device": "cpu", "speculative_algorithm": "DFLASH", **fields},
+    )
 
 
 @pytest.mark.engine
@@ -183,7 +193,11 @@ def test_config_parsed_by_sglang(sglang_cpu, ckpts, kind, causal):
     hf_config = get_config(str(ckpts[kind]), trust_remote_code=False)
     parsed = parse_dflash_draft_config(draft_hf_config=hf_config)
     assert (parsed.block_size, parsed.target_layer_ids, parsed.mask_token_id, parsed.num_target_layers) == (
-        ours.block_size, ours.target_layer_ids, ours.mask_token_id, ours.target.num_hidden_layers)
+        ours.block_size,
+        ours.target_layer_ids,
+        ours.mask_token_id,
+        ours.target.num_hidden_layers,
+    )
     assert hf_config.is_causal is causal and hf_config.architectures == [ours.variant.engine_architecture]
     expected = AttentionType.DECODER if causal else AttentionType.ENCODER_ONLY
     assert all(_get_dflash_layer_attention_params(hf_config, i)[1] == expected for i in range(ours.num_hidden_layers))
@@ -202,8 +216,9 @@ def _reference_and_blocks(ckpts, kind: str, context_lens=(5, 11)):
     for b, length in enumerate(context_lens):  # real target features of a random prompt per request
         ids = torch.randint(0, 250, (1, length), generator=generator)
         positions = torch.arange(length)[None]
-        _, feats = target.forward(ids, positions, torch.ones_like(ids, dtype=torch.bool), target.new_cache(),
-                                  config.target_layer_ids)
+        _, feats = target.forward(
+            ids, positions, torch.ones_like(ids, dtype=torch.bool), target.new_cache(), config.target_layer_ids
+        )
         features[b, :length], valid[b, :length] = feats[0], True
     block_ids = torch.full((batch, 1, config.block_size), config.mask_token_id)
     block_ids[:, 0, 0] = torch.tensor([17, 42])
@@ -223,8 +238,8 @@ def _reference_and_blocks(ckpts, kind: str, context_lens=(5, 11)):
 def test_sglang_draft_model_matches_reference(sglang_cpu, ckpts, kind):
     from sglang.srt.models.dflash import DFlashDraftModel
     from sglang.srt.models.registry import ModelRegistry
-
     from sglang_cpu_harness import DraftBlocks, draft_block_hidden, load_with_sglang
+
     from portable_spec.adapters.sglang.draft_model import register_architecture
 
     register_architecture()  # what the plugin's create_worker hook does in the scheduler
@@ -251,6 +266,7 @@ def test_sglang_draft_model_matches_reference(sglang_cpu, ckpts, kind):
 @pytest.mark.engine
 def test_binding_checked_on_sglang_loaded_target(sglang_cpu, ckpts):
     from sglang_cpu_harness import load_with_sglang
+
     from portable_spec.adapters.sglang.worker import check_loaded_target
 
     target, model_config = load_with_sglang(ckpts["target"], is_draft_model=False)

@@ -67,8 +67,9 @@ def twin_block_logits(twin: TwinDFlash, target, drafter, features, block_ids):
         pool_v[slots[b], :, :length] = v.transpose(0, 1)
     lengths = torch.tensor(CONTEXT_LENGTHS)
     positions = lengths[:, None] + torch.arange(block)
-    hidden = twin.dflash_forward(target.shared_modules().embed_tokens(block_ids), positions, lengths, pool_k, pool_v,
-                                 slots)
+    hidden = twin.dflash_forward(
+        target.shared_modules().embed_tokens(block_ids), positions, lengths, pool_k, pool_v, slots
+    )
     return target.shared_modules().lm_head(hidden).view(batch, block, -1)
 
 
@@ -178,7 +179,17 @@ def test_plugin_refuses_a_tensorrt_llm_without_the_registry(tmp_path):
         else:
             sys.exit("register() did not refuse")
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"}, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
-    assert "tensorrt_llm 1.2.1 has no" in result.stdout and "register_draft_model" in result.stdout and ">= 1.4" in result.stdout and "--route onnx" in result.stdout
+    assert (
+        "tensorrt_llm 1.2.1 has no" in result.stdout
+        and "register_draft_model" in result.stdout
+        and ">= 1.4" in result.stdout
+        and "--route onnx" in result.stdout
+    )

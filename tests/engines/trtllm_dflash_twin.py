@@ -92,9 +92,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, cache_batc
     outputs = []
     for b in range(q.shape[0]):
         slot, length, q_len = int(cache_batch_idx[b]), int(cache_seqlens[b]), q.shape[1]
-        k_cache[slot, length:length + q_len] = k[b]
-        v_cache[slot, length:length + q_len] = v[b]
-        keys, values = k_cache[slot, :length + q_len], v_cache[slot, :length + q_len]  # [K, Hkv, d]
+        k_cache[slot, length : length + q_len] = k[b]
+        v_cache[slot, length : length + q_len] = v[b]
+        keys, values = k_cache[slot, : length + q_len], v_cache[slot, : length + q_len]  # [K, Hkv, d]
         groups = q.shape[2] // keys.shape[1]
         keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q[b].float(), keys.float()) * q.shape[-1] ** -0.5
@@ -153,18 +153,19 @@ class TwinDFlash(nn.Module):
         ks, vs = [], []
         for layer in self.model.layers:
             attn = layer.self_attn
-            kv = F.linear(projected, attn.qkv_proj.weight[attn.q_size:])
-            k = attn.k_norm(kv[:, :attn.kv_size].view(-1, attn.num_key_value_heads, attn.head_dim))
+            kv = F.linear(projected, attn.qkv_proj.weight[attn.q_size :])
+            k = attn.k_norm(kv[:, : attn.kv_size].view(-1, attn.num_key_value_heads, attn.head_dim))
             ks.append(self._rope(k, positions))
-            vs.append(kv[:, attn.kv_size:].view(-1, attn.num_key_value_heads, attn.head_dim))
+            vs.append(kv[:, attn.kv_size :].view(-1, attn.num_key_value_heads, attn.head_dim))
         return torch.stack(ks, dim=1), torch.stack(vs, dim=1)
 
     # -- block ---------------------------------------------------------------------------------------------
     def _get_attention_mask_args(self, layer_idx: int):
         return False, (-1, -1)  # no sliding-window layers: DFlash's bidirectional block
 
-    def dflash_forward(self, noise_embedding, query_positions, num_ctx_per_req, ctx_k_cache, ctx_v_cache,
-                       ctx_cache_batch_idx):
+    def dflash_forward(
+        self, noise_embedding, query_positions, num_ctx_per_req, ctx_k_cache, ctx_v_cache, ctx_cache_batch_idx
+    ):
         """noise_embedding [B, k, H]; ctx caches [pool, L, max_len, Hkv, d] -> [B*k, H] after the final norm."""
         batch, block = noise_embedding.shape[:2]
         hidden_states, residual = noise_embedding, None
@@ -179,19 +180,30 @@ class TwinDFlash(nn.Module):
                 hs_normed_flat, res_flat = layer.input_layernorm(hs_flat, residual.reshape(-1, residual.shape[-1]))
                 residual = res_flat.reshape(batch, block, -1)
             qkv = attn.qkv_proj(hs_normed_flat)
-            q = attn.q_norm(qkv[:, :attn.q_size].reshape(-1, attn.num_heads, attn.head_dim))
-            k = attn.k_norm(qkv[:, attn.q_size:attn.q_size + attn.kv_size].reshape(-1, attn.num_key_value_heads,
-                                                                                     attn.head_dim))
-            v = qkv[:, attn.q_size + attn.kv_size:].reshape(batch, block, attn.num_key_value_heads, attn.head_dim)
+            q = attn.q_norm(qkv[:, : attn.q_size].reshape(-1, attn.num_heads, attn.head_dim))
+            k = attn.k_norm(
+                qkv[:, attn.q_size : attn.q_size + attn.kv_size].reshape(-1, attn.num_key_value_heads, attn.head_dim)
+            )
+            v = qkv[:, attn.q_size + attn.kv_size :].reshape(batch, block, attn.num_key_value_heads, attn.head_dim)
             q = self._rope(q, positions).reshape(batch, block, attn.num_heads, attn.head_dim)
             k = self._rope(k, positions).reshape(batch, block, attn.num_key_value_heads, attn.head_dim)
             causal, window_size = self._get_attention_mask_args(layer_idx)
-            out = flash_attn_with_kvcache(q, ctx_k_cache[:, layer_idx], ctx_v_cache[:, layer_idx], k, v,
-                                          num_ctx_per_req, ctx_cache_batch_idx, causal, window_size)
+            out = flash_attn_with_kvcache(
+                q,
+                ctx_k_cache[:, layer_idx],
+                ctx_v_cache[:, layer_idx],
+                k,
+                v,
+                num_ctx_per_req,
+                ctx_cache_batch_idx,
+                causal,
+                window_size,
+            )
             hidden_out = attn.o_proj(out.reshape(batch * block, attn.q_size))
             hidden_out, res_flat = layer.post_attention_layernorm(hidden_out, residual.reshape(-1, residual.shape[-1]))
             hidden_states = layer.mlp(hidden_out).reshape(batch, block, -1)
             residual = res_flat.reshape(batch, block, -1)
-        hidden_states_out, _ = self.model.norm(hidden_states.reshape(-1, hidden_states.shape[-1]),
-                                               residual.reshape(-1, residual.shape[-1]))
+        hidden_states_out, _ = self.model.norm(
+            hidden_states.reshape(-1, hidden_states.shape[-1]), residual.reshape(-1, residual.shape[-1])
+        )
         return hidden_states_out

@@ -16,6 +16,11 @@ from portable_spec.adapters.sglang.validate import (
 )
 
 __all__ = [
-    "ALGORITHM", "DEPTH_CAUSAL_ARCHITECTURE", "SUPPORTED_SGLANG_VERSIONS", "check_served_target",
-    "check_sglang_version", "check_speculative_options", "portable_config_of",
+    "ALGORITHM",
+    "DEPTH_CAUSAL_ARCHITECTURE",
+    "SUPPORTED_SGLANG_VERSIONS",
+    "check_served_target",
+    "check_sglang_version",
+    "check_speculative_options",
+    "portable_config_of",
 ]

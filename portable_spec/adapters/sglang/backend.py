@@ -5,10 +5,9 @@ is scripts/gpu/sglang_e2e.py on a GPU machine."""
 
 from __future__ import annotations
 
-from portable_spec.core.backends import Backend
-
-from portable_spec.adapters.shared_validate import ENGINE_KINDS
 from portable_spec.adapters.sglang.validate import installed_sglang_version
+from portable_spec.adapters.shared_validate import ENGINE_KINDS
+from portable_spec.core.backends import Backend
 
 CPU_REFUSAL = "DFLASH speculative decoding is not supported by SRTPlatform on device 'cpu'."
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 from sglang.srt.models.dflash import DFlashDecoderLayer, DFlashDraftModel
 
+from portable_spec.adapters.sglang.validate import DEPTH_CAUSAL_ARCHITECTURE
 from portable_spec.core.drafter_layers import ShiftMix
 from portable_spec.core.spec import SpecError
-
-from portable_spec.adapters.sglang.validate import DEPTH_CAUSAL_ARCHITECTURE
 
 
 class DepthCausalDecoderLayer(DFlashDecoderLayer):
@@ -56,7 +55,6 @@ class DepthCausalDraftModel(DFlashDraftModel):
         super().set_block_size(block_size)
         for layer in self.layers:
             layer.block_size = int(block_size)
-
 
 
 def register_architecture() -> None:

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import logging
 
-from portable_spec.core.spec import SpecError
-from portable_spec.core.variants import behaviour_of
-
 from portable_spec.adapters.sglang.validate import (
     check_algorithm,
     check_servable,
@@ -26,6 +23,8 @@ from portable_spec.adapters.sglang.validate import (
     hint_for_unknown_algorithm,
     portable_config_of,
 )
+from portable_spec.core.spec import SpecError
+from portable_spec.core.variants import behaviour_of
 
 logger = logging.getLogger(__name__)
 CREATE_WORKER = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
@@ -108,13 +107,18 @@ def _check_target_shapes(config, args, source: str) -> None:
     try:
         target = get_config(args.model_path, trust_remote_code=args.trust_remote_code, revision=args.revision)
     except Exception as error:  # SGLang reports an unreadable target itself, with its own message
-        logger.warning("portable-spec: target config of %s not readable (%s); shapes checked at load",
-                       args.model_path, error)
+        logger.warning(
+            "portable-spec: target config of %s not readable (%s); shapes checked at load", args.model_path, error
+        )
         return
     text = target.get_text_config()
     check_target_matches(
-        config, hidden_size=int(text.hidden_size), num_hidden_layers=int(text.num_hidden_layers),
-        vocab_size=int(text.vocab_size), fingerprint=None, served_as=f"target {args.model_path!r} (drafter {source})",
+        config,
+        hidden_size=int(text.hidden_size),
+        num_hidden_layers=int(text.num_hidden_layers),
+        vocab_size=int(text.vocab_size),
+        fingerprint=None,
+        served_as=f"target {args.model_path!r} (drafter {source})",
     )
 
 

@@ -12,13 +12,12 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from portable_spec.adapters import shared_validate
 from portable_spec.core.binding import check_target_matches, target_fingerprint
 from portable_spec.core.checkpoint import WEIGHTS_FILE
 from portable_spec.core.drafter import check_weight_shapes
 from portable_spec.core.spec import DepthCausalVariant, DrafterConfig, SpecError
 from portable_spec.core.variants import behaviour_of
-
-from portable_spec.adapters import shared_validate
 
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 ALGORITHM = "DFLASH"  # the SGLang algorithm that serves portable-spec drafters
@@ -100,8 +99,10 @@ def check_speculative_options(
 
     num_draft_tokens: SGLang's verify width (= the block it runs); None means SGLang reads block_size.
     """
-    for flag, width in (("--speculative-num-draft-tokens", num_draft_tokens),
-                        ("--speculative-dflash-block-size", dflash_block_size)):
+    for flag, width in (
+        ("--speculative-num-draft-tokens", num_draft_tokens),
+        ("--speculative-dflash-block-size", dflash_block_size),
+    ):
         if width is None:
             continue
         width = int(width)

@@ -12,9 +12,8 @@ import logging
 from sglang.srt.arg_groups.overrides import resolving_view
 from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 
-from portable_spec.core.spec import DrafterConfig
-
 from portable_spec.adapters.sglang.validate import check_served_target, portable_config_of
+from portable_spec.core.spec import DrafterConfig
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +47,7 @@ class PortableSpecDFlashWorker(DFlashWorkerV2):
             compared = check_loaded_target(config, runner.model, runner.model_config, source)
             logger.info(
                 "portable-spec: served target matches drafter %s (shapes%s)",
-                source, " + fingerprint" if compared else "; fingerprint skipped: vocab-sharded weights",
+                source,
+                " + fingerprint" if compared else "; fingerprint skipped: vocab-sharded weights",
             )
         super().__init__(server_args, gpu_id, nccl_port, target_worker)

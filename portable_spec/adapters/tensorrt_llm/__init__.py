@@ -7,13 +7,35 @@ draft-model builder registry. Importing this package imports no TensorRT-LLM.
 """
 
 from portable_spec.adapters.tensorrt_llm.export import (
-    DFLASH_MIN_VERSION, DRAFT_DIR, IN_LOOP_MIN_VERSION, LLM_API_OPTIONS_FILE, MANIFEST_FILE, MODULE_DIR,
-    DFlashSpeculativeConfig, ExportRequest, dflash_weights, export_for_trtllm, export_trtllm,
-    installed_trtllm_version, parse_version, validate_speculative_config,
+    DFLASH_MIN_VERSION,
+    DRAFT_DIR,
+    IN_LOOP_MIN_VERSION,
+    LLM_API_OPTIONS_FILE,
+    MANIFEST_FILE,
+    MODULE_DIR,
+    DFlashSpeculativeConfig,
+    ExportRequest,
+    dflash_weights,
+    export_for_trtllm,
+    export_trtllm,
+    installed_trtllm_version,
+    parse_version,
+    validate_speculative_config,
 )
 
 __all__ = [
-    "DFLASH_MIN_VERSION", "DRAFT_DIR", "IN_LOOP_MIN_VERSION", "LLM_API_OPTIONS_FILE", "MANIFEST_FILE", "MODULE_DIR",
-    "DFlashSpeculativeConfig", "ExportRequest", "dflash_weights", "export_for_trtllm", "export_trtllm",
-    "installed_trtllm_version", "parse_version", "validate_speculative_config",
+    "DFLASH_MIN_VERSION",
+    "DRAFT_DIR",
+    "IN_LOOP_MIN_VERSION",
+    "LLM_API_OPTIONS_FILE",
+    "MANIFEST_FILE",
+    "MODULE_DIR",
+    "DFlashSpeculativeConfig",
+    "ExportRequest",
+    "dflash_weights",
+    "export_for_trtllm",
+    "export_trtllm",
+    "installed_trtllm_version",
+    "parse_version",
+    "validate_speculative_config",
 ]

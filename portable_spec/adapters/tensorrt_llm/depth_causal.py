@@ -47,8 +47,9 @@ def mix_block(shift_mix: ShiftMix, stream: torch.Tensor, block_len: int) -> torc
     return shift_mix(stream.reshape(-1, 1, block_len, hidden)).reshape(stream.shape)
 
 
-def shift_mixed_norm(norm_forward, shift_mix: ShiftMix, owner: "DepthCausalDFlashMixin", hidden_states: torch.Tensor,
-                     residual=...):
+def shift_mixed_norm(
+    norm_forward, shift_mix: ShiftMix, owner: "DepthCausalDFlashMixin", hidden_states: torch.Tensor, residual=...
+):
     """A layer's input norm with the shift-mix inside: with a residual (TensorRT-LLM's fused add+norm), add in
     float32 as its torch path does, mix the sum, normalise it and return (normed, mixed) so the mixed stream is
     the residual from here on; without one, mix the input and normalise it."""
@@ -91,7 +92,9 @@ class DepthCausalDFlashMixin:
             for index, weight in mixes.items():
                 target = self.shift_mixes[index].weight
                 if weight.shape != target.shape:
-                    raise SpecError(f"draft checkpoint: layers.{index}.shift_mix.weight has shape "
-                                    f"{tuple(weight.shape)}, expected {tuple(target.shape)} (2 x hidden_size)")
+                    raise SpecError(
+                        f"draft checkpoint: layers.{index}.shift_mix.weight has shape "
+                        f"{tuple(weight.shape)}, expected {tuple(target.shape)} (2 x hidden_size)"
+                    )
                 target.copy_(weight.to(target.device, target.dtype))
         return super().load_weights(rest, *args, **kwargs)

@@ -26,16 +26,21 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from safetensors.torch import save_file
 
-from portable_spec.core.outputs import check_output_dir, write_dir_atomically
+from portable_spec.adapters.onnx_export import (
+    DEFAULT_OPSET,
+    INPUT_NAMES,
+    bind_for_export,
+    check_block_size,
+    check_opset,
+    write_graph_files,
+)
+from portable_spec.adapters.shared_validate import refuse_reduced_vocabulary
+from portable_spec.adapters.tensorrt_llm.depth_causal import SHIFT_MIX_WEIGHT
 from portable_spec.core.drafter import Drafter
+from portable_spec.core.outputs import check_output_dir, write_dir_atomically
 from portable_spec.core.spec import SpecError, read_config
 from portable_spec.core.target import TargetModel
 from portable_spec.core.variants import behaviour_of
-
-from portable_spec.adapters.shared_validate import refuse_reduced_vocabulary
-
-from portable_spec.adapters.onnx_export import DEFAULT_OPSET, INPUT_NAMES, bind_for_export, check_block_size, check_opset, write_graph_files
-from portable_spec.adapters.tensorrt_llm.depth_causal import SHIFT_MIX_WEIGHT
 
 MANIFEST_FILE = "trtllm.json"
 DRAFT_DIR = "draft"  # the DFlash HF checkpoint inside the dflash route's output
@@ -101,17 +106,23 @@ def installed_trtllm_version() -> str | None:
 
 def _dflash_unsupported(kind: str, version: str) -> str | None:
     if parse_version(version) < DFLASH_MIN_VERSION:
-        return (f"TensorRT-LLM {version} has no DFlash mode (DFlashDecodingConfig arrived in 1.3; 1.2.x has only "
-                "EAGLE3/MTP/draft-target/n-gram/user-provided, none feeds target hidden states to a block drafter)")
+        return (
+            f"TensorRT-LLM {version} has no DFlash mode (DFlashDecodingConfig arrived in 1.3; 1.2.x has only "
+            "EAGLE3/MTP/draft-target/n-gram/user-provided, none feeds target hidden states to a block drafter)"
+        )
     behaviour = behaviour_of(kind)
     if not behaviour.single_pass:
-        return (f"variant={kind!r} drafts one token per pass; TensorRT-LLM's DFlash mode runs one pass per round, so "
-                "only single-pass drafters (parallel, depth_causal) map onto DFlashDecodingConfig")
+        return (
+            f"variant={kind!r} drafts one token per pass; TensorRT-LLM's DFlash mode runs one pass per round, so "
+            "only single-pass drafters (parallel, depth_causal) map onto DFlashDecodingConfig"
+        )
     if not behaviour.engine_native and parse_version(version) < IN_LOOP_MIN_VERSION:
         needed = ".".join(map(str, IN_LOOP_MIN_VERSION))
-        return (f"variant={kind!r} runs in TensorRT-LLM's DFlash mode only through portable-spec's draft-model "
-                f"builder (causal block + shift-mix), which needs TensorRT-LLM >= {needed} (the draft-model builder "
-                f"registry); found {version}")
+        return (
+            f"variant={kind!r} runs in TensorRT-LLM's DFlash mode only through portable-spec's draft-model "
+            f"builder (causal block + shift-mix), which needs TensorRT-LLM >= {needed} (the draft-model builder "
+            f"registry); found {version}"
+        )
     return None
 
 
@@ -142,8 +153,9 @@ def dflash_weights(drafter: Drafter, dtype: torch.dtype) -> dict[str, torch.Tens
     refuse_reduced_vocabulary(drafter.config, "drafter", "TensorRT-LLM")
     shift_mix = drafter.behaviour.shift_mix
     weights = {name: t.detach().to("cpu", dtype).contiguous() for name, t in drafter.state_dict().items()}
-    foreign = sorted(name for name in weights
-                     if not DFLASH_WEIGHT.match(name) and not (shift_mix and SHIFT_MIX_WEIGHT.match(name)))
+    foreign = sorted(
+        name for name in weights if not DFLASH_WEIGHT.match(name) and not (shift_mix and SHIFT_MIX_WEIGHT.match(name))
+    )
     if foreign:
         raise SpecError(
             f"variant={drafter.config.kind!r}: weights {foreign[:4]} have no place in a DFlash checkpoint; "
@@ -160,32 +172,57 @@ def dflash_hf_config(target: TargetModel, drafter: Drafter, dtype: str) -> dict:
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": c.num_hidden_layers, "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads, "head_dim": c.head_dim,
-        "rms_norm_eps": c.rms_norm_eps, "rope_theta": c.rope_theta, "rope_scaling": None,
-        "hidden_act": "silu", "attention_bias": False, "attention_dropout": 0.0,
-        "vocab_size": c.vocab_size, "max_position_embeddings": int(t.max_position_embeddings),
-        "tie_word_embeddings": False, "torch_dtype": dtype,
-        "use_sliding_window": False, "sliding_window": None, "max_window_layers": c.num_hidden_layers,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_hidden_layers,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": None,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "vocab_size": c.vocab_size,
+        "max_position_embeddings": int(t.max_position_embeddings),
+        "tie_word_embeddings": False,
+        "torch_dtype": dtype,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": c.num_hidden_layers,
         "layer_types": ["full_attention"] * c.num_hidden_layers,
-        "is_causal": drafter.behaviour.block_causal, "block_size": c.block_size, "num_target_layers": c.target.num_hidden_layers,
-        "dflash_config": {"mask_token_id": c.mask_token_id, "target_layer_ids": list(c.target_layer_ids),
-                          "block_size": c.block_size, "num_target_layers": c.target.num_hidden_layers},
-        "portable_spec": {"variant": c.kind, "format_version": c.format_version,
-                          "target_model_id": c.target.model_id, "target_fingerprint": c.target.fingerprint},
+        "is_causal": drafter.behaviour.block_causal,
+        "block_size": c.block_size,
+        "num_target_layers": c.target.num_hidden_layers,
+        "dflash_config": {
+            "mask_token_id": c.mask_token_id,
+            "target_layer_ids": list(c.target_layer_ids),
+            "block_size": c.block_size,
+            "num_target_layers": c.target.num_hidden_layers,
+        },
+        "portable_spec": {
+            "variant": c.kind,
+            "format_version": c.format_version,
+            "target_model_id": c.target.model_id,
+            "target_fingerprint": c.target.fingerprint,
+        },
     }
 
 
 def dflash_speculative_config(drafter: Drafter, draft_dir: Path, num_draft_tokens: int) -> dict:
-    spec = DFlashSpeculativeConfig(max_draft_len=num_draft_tokens, speculative_model=str(draft_dir),
-                                   mask_token_id=drafter.config.mask_token_id,
-                                   target_layer_ids=list(drafter.config.target_layer_ids))
+    spec = DFlashSpeculativeConfig(
+        max_draft_len=num_draft_tokens,
+        speculative_model=str(draft_dir),
+        mask_token_id=drafter.config.mask_token_id,
+        target_layer_ids=list(drafter.config.target_layer_ids),
+    )
     return spec.model_dump()
 
 
-def _write_dflash(tmp: Path, final: Path, target: TargetModel, drafter: Drafter, request: ExportRequest,
-                  num_drafts: int) -> dict:
+def _write_dflash(
+    tmp: Path, final: Path, target: TargetModel, drafter: Drafter, request: ExportRequest, num_drafts: int
+) -> dict:
     weights = dflash_weights(drafter, DTYPES[request.dtype])
     (tmp / DRAFT_DIR).mkdir()
     (tmp / DRAFT_DIR / "config.json").write_text(json.dumps(dflash_hf_config(target, drafter, request.dtype), indent=2))
@@ -193,9 +230,11 @@ def _write_dflash(tmp: Path, final: Path, target: TargetModel, drafter: Drafter,
     spec = dflash_speculative_config(drafter, final.resolve() / DRAFT_DIR, num_drafts)
     lines = ["speculative_config:"] + [f"  {key}: {json.dumps(value)}" for key, value in spec.items()]
     (tmp / LLM_API_OPTIONS_FILE).write_text("\n".join(lines) + "\n")
-    build = {"step": "none: the PyTorch backend loads the draft checkpoint at LLM(...) construction",
-             "llm_api": "LLM(model=TARGET, speculative_config=DFlashDecodingConfig(**speculative_config))",
-             "serve": f"trtllm-serve TARGET --extra_llm_api_options {LLM_API_OPTIONS_FILE}"}
+    build = {
+        "step": "none: the PyTorch backend loads the draft checkpoint at LLM(...) construction",
+        "llm_api": "LLM(model=TARGET, speculative_config=DFlashDecodingConfig(**speculative_config))",
+        "serve": f"trtllm-serve TARGET --extra_llm_api_options {LLM_API_OPTIONS_FILE}",
+    }
     if not drafter.behaviour.engine_native:
         (tmp / MODULE_DIR).mkdir()
         (tmp / MODULE_DIR / "__init__.py").write_text(
@@ -203,12 +242,13 @@ def _write_dflash(tmp: Path, final: Path, target: TargetModel, drafter: Drafter,
             "from portable_spec.adapters.tensorrt_llm.plugin import register\n\nregister()\n"
         )
         module_dir = final.resolve() / MODULE_DIR
-        build = {**build,
-                 "plugin": "portable_spec.adapters.tensorrt_llm.plugin (needs portable-spec installed next to "
-                           "TensorRT-LLM)",
-                 "llm_api": "from portable_spec.adapters.tensorrt_llm.plugin import register; register(); "
-                            + build["llm_api"],
-                 "serve": f"{build['serve']} --custom_module_dirs {module_dir}"}
+        build = {
+            **build,
+            "plugin": "portable_spec.adapters.tensorrt_llm.plugin (needs portable-spec installed next to TensorRT-LLM)",
+            "llm_api": "from portable_spec.adapters.tensorrt_llm.plugin import register; register(); "
+            + build["llm_api"],
+            "serve": f"{build['serve']} --custom_module_dirs {module_dir}",
+        }
     return {"speculative_config": spec, "build": build}
 
 
@@ -217,25 +257,37 @@ def trt_profile(drafter: Drafter, request: ExportRequest) -> dict[str, list[list
     """min/opt/max shapes per graph input for the TensorRT optimization profile."""
     k, f = drafter.config.block_size, drafter.config.feature_size
     shapes = {}
-    for batch, context, label in ((1, 1, "min"), (1, min(512, request.max_context), "opt"),
-                                  (request.max_batch, request.max_context, "max")):
+    for batch, context, label in (
+        (1, 1, "min"),
+        (1, min(512, request.max_context), "opt"),
+        (request.max_batch, request.max_context, "max"),
+    ):
         dims = ([batch, context, f], [batch, context], [batch, context], [batch, 1, k], [batch, 1, k])
         for name, dim in zip(INPUT_NAMES, dims):
             shapes.setdefault(name, []).append(dim)
     return shapes
 
 
-def _write_onnx(tmp: Path, final: Path, target: TargetModel, drafter: Drafter, request: ExportRequest,
-                num_drafts: int) -> dict:
+def _write_onnx(
+    tmp: Path, final: Path, target: TargetModel, drafter: Drafter, request: ExportRequest, num_drafts: int
+) -> dict:
     manifest = write_graph_files(tmp, bind_for_export(target, drafter), request.opset)
     profile = trt_profile(drafter, request)
     flag = lambda i: ",".join(f"{n}:{'x'.join(map(str, s[i]))}" for n, s in profile.items())  # noqa: E731
-    command = (f"trtexec --onnx=drafter.onnx --saveEngine=drafter.plan --minShapes={flag(0)} "
-               f"--optShapes={flag(1)} --maxShapes={flag(2)}")
-    return {"speculative_config": None,
-            "llm_api": "none: no TensorRT-LLM mode feeds target hidden states to an external drafter engine",
-            "build": {"step": "TensorRT builder on drafter.onnx (float32 graph; add --fp16/--bf16 to lower)",
-                      "trtexec": command, "profile": profile, "onnx": manifest}}
+    command = (
+        f"trtexec --onnx=drafter.onnx --saveEngine=drafter.plan --minShapes={flag(0)} "
+        f"--optShapes={flag(1)} --maxShapes={flag(2)}"
+    )
+    return {
+        "speculative_config": None,
+        "llm_api": "none: no TensorRT-LLM mode feeds target hidden states to an external drafter engine",
+        "build": {
+            "step": "TensorRT builder on drafter.onnx (float32 graph; add --fp16/--bf16 to lower)",
+            "trtexec": command,
+            "profile": profile,
+            "onnx": manifest,
+        },
+    }
 
 
 @dataclass(frozen=True)
@@ -244,8 +296,10 @@ class Route:
     write: Callable[..., dict]
 
 
-ROUTES: dict[str, Route] = {"dflash": Route(_dflash_unsupported, _write_dflash),
-                            "onnx": Route(_onnx_unsupported, _write_onnx)}
+ROUTES: dict[str, Route] = {
+    "dflash": Route(_dflash_unsupported, _write_dflash),
+    "onnx": Route(_onnx_unsupported, _write_onnx),
+}
 
 
 # -- entry points -------------------------------------------------------------------------------------
@@ -264,8 +318,14 @@ def check_request(kind: str, block_size: int, request: ExportRequest, requested_
     return route, num_drafts
 
 
-def export_for_trtllm(target: TargetModel, drafter: Drafter, out_dir: Path, request: ExportRequest,
-                      block_size: str | int | None = None, force: bool = False) -> Path:
+def export_for_trtllm(
+    target: TargetModel,
+    drafter: Drafter,
+    out_dir: Path,
+    request: ExportRequest,
+    block_size: str | int | None = None,
+    force: bool = False,
+) -> Path:
     """Write out_dir atomically: the route's files + trtllm.json (route, version, speculative_config, build)."""
     config = drafter.config
     check_block_size(block_size, config)
@@ -275,17 +335,30 @@ def export_for_trtllm(target: TargetModel, drafter: Drafter, out_dir: Path, requ
 
     def write(tmp: Path) -> None:
         details = ROUTES[route].write(tmp, out_dir, target, drafter, request, num_drafts)
-        manifest = {"route": route, "tensorrt_llm_version": request.trtllm_version, "variant": config.kind,
-                    "block_size": config.block_size, "num_draft_tokens": num_drafts,
-                    "target_model_id": config.target.model_id, "target_fingerprint": config.target.fingerprint,
-                    "target_layer_ids": list(config.target_layer_ids), **details}
+        manifest = {
+            "route": route,
+            "tensorrt_llm_version": request.trtllm_version,
+            "variant": config.kind,
+            "block_size": config.block_size,
+            "num_draft_tokens": num_drafts,
+            "target_model_id": config.target.model_id,
+            "target_fingerprint": config.target.fingerprint,
+            "target_layer_ids": list(config.target_layer_ids),
+            **details,
+        }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
 
     return write_dir_atomically(out_dir, write, kind="trtllm-export", force=force)
 
 
-def export_trtllm(drafter_dir: Path, target_dir: Path, out_dir: Path, request: ExportRequest,
-                  block_size: str | int | None = None, force: bool = False) -> Path:
+def export_trtllm(
+    drafter_dir: Path,
+    target_dir: Path,
+    out_dir: Path,
+    request: ExportRequest,
+    block_size: str | int | None = None,
+    force: bool = False,
+) -> Path:
     """`portable-spec export trtllm`: checks that need only config.json first, then load and write."""
     config = read_config(Path(drafter_dir))
     check_block_size(block_size, config)

@@ -14,15 +14,16 @@ before `LLM(...)`. Importing this module imports no TensorRT-LLM; `register()` d
 
 from __future__ import annotations
 
+from portable_spec.adapters.tensorrt_llm.depth_causal import DepthCausalDFlashMixin
+from portable_spec.adapters.tensorrt_llm.export import installed_trtllm_version
 from portable_spec.core.spec import SpecError
 from portable_spec.core.variants import behaviour_of
 
-from portable_spec.adapters.tensorrt_llm.depth_causal import DepthCausalDFlashMixin
-from portable_spec.adapters.tensorrt_llm.export import installed_trtllm_version
-
 REGISTRY = "tensorrt_llm._torch.models.modeling_utils.register_draft_model"
-FALLBACK = ("fallback: `portable-spec export trtllm DRAFTER OUT --target TARGET --route onnx` (a TensorRT drafter "
-            "engine driven by portable-spec's own loop)")
+FALLBACK = (
+    "fallback: `portable-spec export trtllm DRAFTER OUT --target TARGET --route onnx` (a TensorRT drafter "
+    "engine driven by portable-spec's own loop)"
+)
 _registered = False
 
 
@@ -48,8 +49,9 @@ def _import_registry():
     try:
         import tensorrt_llm
     except ImportError as error:
-        raise SpecError(f"tensorrt_llm is not importable ({error}); install TensorRT-LLM on the GPU machine. "
-                        f"{FALLBACK}") from None
+        raise SpecError(
+            f"tensorrt_llm is not importable ({error}); install TensorRT-LLM on the GPU machine. {FALLBACK}"
+        ) from None
     try:
         from tensorrt_llm._torch.models.modeling_dflash import DFlashForCausalLM
         from tensorrt_llm._torch.models.modeling_utils import get_registered_draft_model_builder, register_draft_model
@@ -91,8 +93,10 @@ def register() -> None:
         if needs_plugin(draft_config.pretrained_config):
             return depth_causal(draft_config, dflash_attention_backend=model_config.spec_config.attention_backend)
         if previous is None:
-            raise SpecError("TensorRT-LLM registered no DFlash drafter builder of its own; this checkpoint is not a "
-                            "portable depth_causal one, so portable-spec cannot build it")
+            raise SpecError(
+                "TensorRT-LLM registered no DFlash drafter builder of its own; this checkpoint is not a "
+                "portable depth_causal one, so portable-spec cannot build it"
+            )
         return previous(model_config, draft_config, lm_head, model)
 
     _registered = True

@@ -16,15 +16,17 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from portable_spec.core.backends import Backend
-
 from portable_spec.adapters.shared_validate import ENGINE_KINDS
 from portable_spec.adapters.vllm.llm_api import generate_token_ids, in_process_llm, installed_vllm
+from portable_spec.core.backends import Backend
 
-ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, seed=0, kv_cache_memory_bytes=256 << 20,
-                   skip_tokenizer_init=True)  # fp32: greedy equality with the reference is exact only there
-NOT_OFFERED = ("vLLM runs its draft model and hidden-state capture only inside an engine step (no API takes "
-               "injected features or returns captured states)")
+ENGINE_ARGS = dict(
+    dtype="float32", enforce_eager=True, seed=0, kv_cache_memory_bytes=256 << 20, skip_tokenizer_init=True
+)  # fp32: greedy equality with the reference is exact only there
+NOT_OFFERED = (
+    "vLLM runs its draft model and hidden-state capture only inside an engine step (no API takes "
+    "injected features or returns captured states)"
+)
 
 
 class VllmBackend(Backend):
@@ -33,8 +35,10 @@ class VllmBackend(Backend):
 
     def unavailable_reason(self) -> str | None:
         if importlib.util.find_spec("vllm") is None:
-            return ("vllm is not installed in this environment; the vLLM column comes from CI's vLLM venv "
-                    "(.ci/vllm_engine_tests.sh runs `portable-spec conformance --backends vllm`)")
+            return (
+                "vllm is not installed in this environment; the vLLM column comes from CI's vLLM venv "
+                "(.ci/vllm_engine_tests.sh runs `portable-spec conformance --backends vllm`)"
+            )
         return None
 
     def version(self) -> str | None:
@@ -53,11 +57,21 @@ class VllmBackend(Backend):
         longest = max(map(len, prompts)) + config.max_new_tokens + config.num_draft_tokens + 8
         kwargs = dict(ENGINE_ARGS, model=str(target_dir), max_model_len=longest, max_num_seqs=len(prompts))
         if drafter_dir is not None:
-            kwargs["speculative_config"] = {"method": "dflash", "model": str(drafter_dir),
-                                            "num_speculative_tokens": config.num_draft_tokens}
+            kwargs["speculative_config"] = {
+                "method": "dflash",
+                "model": str(drafter_dir),
+                "num_speculative_tokens": config.num_draft_tokens,
+            }
         sampling = config.sampling
-        params = {} if sampling.temperature == 0 else {
-            "temperature": sampling.temperature, "top_k": sampling.top_k or -1, "top_p": sampling.top_p,
-            "seed": config.seed % 2**63}
+        params = (
+            {}
+            if sampling.temperature == 0
+            else {
+                "temperature": sampling.temperature,
+                "top_k": sampling.top_k or -1,
+                "top_p": sampling.top_p,
+                "seed": config.seed % 2**63,
+            }
+        )
         with in_process_llm(**kwargs) as llm:
             return generate_token_ids(llm, prompts, config.max_new_tokens, **params)

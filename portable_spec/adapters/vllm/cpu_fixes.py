@@ -57,8 +57,11 @@ def _replace(owner, name: str, upstream_name: str, replacement) -> None:
     UPSTREAM.setdefault(upstream_name, getattr(owner, name))
     setattr(owner, name, replacement)
     APPLIED.append(upstream_name)
-    logger.warning("portable-spec: %s computes wrong values on this vLLM (probed at startup); using a torch "
-                   "implementation of it (see portable_spec/adapters/vllm/cpu_fixes.py)", upstream_name)
+    logger.warning(
+        "portable-spec: %s computes wrong values on this vLLM (probed at startup); using a torch "
+        "implementation of it (see portable_spec/adapters/vllm/cpu_fixes.py)",
+        upstream_name,
+    )
 
 
 def apply_cpu_fixes() -> list[str]:
@@ -74,10 +77,17 @@ def apply_cpu_fixes() -> list[str]:
 
     current_platform.register_triton_kernel_overrides()  # what every CPU worker does at startup: probe that path
     if _expand_is_wrong(rejection_sampler):
-        _replace(rejection_sampler, "expand_batch_to_tokens",
-                 "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens", expand_batch_to_tokens)
+        _replace(
+            rejection_sampler,
+            "expand_batch_to_tokens",
+            "vllm.v1.sample.rejection_sampler.expand_batch_to_tokens",
+            expand_batch_to_tokens,
+        )
     if _rms_norm_is_wrong(ops):
-        _replace(DFlashQwen3Model, "_normalize_context_k",
-                 "vllm._custom_ops.rms_norm (per-layer weight) via DFlashQwen3Model._normalize_context_k",
-                 normalize_context_k)
+        _replace(
+            DFlashQwen3Model,
+            "_normalize_context_k",
+            "vllm._custom_ops.rms_norm (per-layer weight) via DFlashQwen3Model._normalize_context_k",
+            normalize_context_k,
+        )
     return list(APPLIED)

@@ -27,11 +27,10 @@ from vllm.model_executor.models.qwen3_dflash import (
 )
 from vllm.transformers_utils.repo_utils import get_hf_file_bytes
 
+from portable_spec.adapters.vllm import validate
 from portable_spec.core.binding import check_target_matches, target_fingerprint
 from portable_spec.core.drafter_layers import ShiftMix
 from portable_spec.core.spec import DrafterConfig, SpecError
-
-from portable_spec.adapters.vllm import validate
 
 
 def _draft_source(vllm_config: VllmConfig) -> str:

