@@ -328,7 +328,11 @@ CASES = [
     ),
     Case("train --lr 0", TRAIN + ("--lr", "0"), expect=r"lr=0\.0"),
     Case("train --data MISSING_FILE", TRAIN[:-1] + ("{missing}",), expect=r"--data .*missing: not a file"),
-    Case("train --num-prompts 0", TRAIN + ("--num-prompts", "0"), expect=r"--num-prompts=0: must be at least 1"),
+    Case(
+        "train --num-prompts 0",
+        TRAIN + ("--num-prompts", "0"),
+        expect=r"num_prompts=0: Input should be greater than or equal to 1",
+    ),
     Case(
         "generate NON_UTF8_PROMPT",
         ("generate", "caf\udce9", "--target", "{target}"),
@@ -399,7 +403,11 @@ CASES = [
         r"sees no CUDA device",
     ),
     Case("train --device banana", TRAIN + ("--device", "banana"), expect=r"--device 'banana': not a torch device"),
-    Case("train --reply-batch-size 0", TRAIN + ("--reply-batch-size", "0"), expect=r"--reply-batch-size=0"),
+    Case(
+        "train --reply-batch-size 0",
+        TRAIN + ("--reply-batch-size", "0"),
+        expect=r"reply_batch_size=0: Input should be greater than or equal to 1",
+    ),
     Case("train --time-budget 0", TRAIN + ("--time-budget", "0"), expect=r"time_budget=0\.0"),
     # -- API ------------------------------------------------------------------------------------------------------
     Case("SpeculativeDecoder.generate([[1, 3.7]], ...)", api=_api_prompt_float, expect=r"prompts\[0\] holds 3\.7"),

@@ -17,8 +17,8 @@ from portable_spec.adapters.onnx_export import (
     INPUT_NAMES,
     OUTPUT_NAME,
     GraphMetadata,
-    _session_options,
     export_bound_drafter,
+    session_options,
 )
 from portable_spec.core.backends import Backend, ReferenceBackend
 from portable_spec.core.decode import SpeculativeDecoder
@@ -37,7 +37,7 @@ class OnnxDrafterGraph:
         path = Path(graph_dir) / GRAPH_FILE if Path(graph_dir).is_dir() else Path(graph_dir)
         if not path.exists():
             raise SpecError(f"{path}: not found; create it with `portable-spec export onnx DRAFTER OUT --target T`")
-        self.session = ort.InferenceSession(str(path), _session_options(), providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(str(path), session_options(), providers=["CPUExecutionProvider"])
         self.metadata = GraphMetadata.from_props(self.session.get_modelmeta().custom_metadata_map, str(path))
         self.config: DrafterConfig = self.metadata.drafter_config
         if self.metadata.target_fingerprint != target.fingerprint:

@@ -271,7 +271,7 @@ def verify_graph(bound: BoundDrafter, graph_path: Path) -> float:
     """Run the graph on other shapes than the trace's and compare with torch; fail the export past tolerance."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(str(graph_path), _session_options(), providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(graph_path), session_options(), providers=["CPUExecutionProvider"])
     inputs = example_inputs(bound.drafter.config, batch=3, context=9, seed=1)
     (logits,) = session.run([OUTPUT_NAME], {n: t.numpy() for n, t in zip(INPUT_NAMES, inputs)})
     with torch.no_grad():
@@ -288,7 +288,7 @@ def verify_graph(bound: BoundDrafter, graph_path: Path) -> float:
     return error
 
 
-def _session_options():
+def session_options():
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -49,7 +49,7 @@ class ComparisonRow:
     drafter_passes_per_token: float
     tokens_per_second: float
     speedup: float  # tokens/s relative to plain greedy decoding of the same loop, same prompts, same run
-    matches_autoregressive: bool  # output equals plain greedy output token for token
+    matches_plain_greedy: bool  # output equals plain greedy output token for token
     drafter_params: int = 0
     batch_size: int = 1
     # P(draft slot i accepted | slots < i accepted), i = 1..num_draft_tokens
@@ -67,16 +67,29 @@ def acceptance_by_position(emitted_per_round: list[int], num_drafts: int) -> lis
     return rates
 
 
-def _run(decoder: SpeculativeDecoder, prompts, config: GenerationConfig, batch_size: int):
-    tokens, rounds, drafter_passes, seconds, emitted, verified = [], 0, 0, 0.0, [], 0
+@dataclass
+class RunTotals:
+    """One job's decode statistics summed over its batches."""
+
+    tokens: list[list[int]] = field(default_factory=list)
+    rounds: int = 0
+    drafter_passes: int = 0
+    seconds: float = 0.0
+    emitted_per_round: list[int] = field(default_factory=list)
+    drafts_verified: int = 0
+
+
+def _run(decoder: SpeculativeDecoder, prompts, config: GenerationConfig, batch_size: int) -> RunTotals:
+    totals = RunTotals()
     for start in range(0, len(prompts), batch_size):
         out = decoder.generate(prompts[start : start + batch_size], config)
-        tokens += out.tokens
-        rounds, drafter_passes = rounds + out.stats.rounds, drafter_passes + out.stats.drafter_passes
-        seconds += out.stats.seconds
-        emitted += out.stats.emitted_per_round
-        verified += out.stats.drafts_verified
-    return tokens, rounds, drafter_passes, seconds, emitted, verified
+        totals.tokens += out.tokens
+        totals.rounds += out.stats.rounds
+        totals.drafter_passes += out.stats.drafter_passes
+        totals.seconds += out.stats.seconds
+        totals.emitted_per_round += out.stats.emitted_per_round
+        totals.drafts_verified += out.stats.drafts_verified
+    return totals
 
 
 def compare(
@@ -99,28 +112,27 @@ def compare(
             update={"num_draft_tokens": max(job.num_draft_tokens, 1), "draft_confidence": job.draft_confidence}
         )
         with torch.inference_mode():
-            tokens, rounds, drafter_passes, seconds, emitted, verified = _run(
-                SpeculativeDecoder(target, job.drafter, job.decode_matmul), prompts, config, batch_size
-            )
-        generated = sum(len(t) for t in tokens)
-        tps = generated / seconds
+            run = _run(SpeculativeDecoder(target, job.drafter, job.decode_matmul), prompts, config, batch_size)
+        emitted = run.emitted_per_round
+        generated = sum(len(t) for t in run.tokens)
+        tps = generated / run.seconds
         if reference is None:
-            reference, reference_tps = tokens, tps
+            reference, reference_tps = run.tokens, tps
         n = job.num_draft_tokens
         rows.append(
             ComparisonRow(
                 drafter=job.name,
                 num_draft_tokens=n,
                 acceptance_length=sum(emitted) / len(emitted) if emitted else math.nan,  # no round: prefill only
-                target_passes_per_token=(rounds + len(prompts)) / generated,
-                drafter_passes_per_token=drafter_passes / generated,
+                target_passes_per_token=(run.rounds + len(prompts)) / generated,
+                drafter_passes_per_token=run.drafter_passes / generated,
                 tokens_per_second=tps,
                 speedup=tps / reference_tps,
-                matches_autoregressive=tokens == reference,
+                matches_plain_greedy=run.tokens == reference,
                 drafter_params=sum(p.numel() for p in job.drafter.parameters()) if job.drafter is not None else 0,
                 batch_size=batch_size,
                 acceptance_by_position=(acceptance_by_position(emitted, n) if n and not job.draft_confidence else []),
-                drafts_verified_per_round=verified / len(emitted) if emitted else math.nan,
+                drafts_verified_per_round=run.drafts_verified / len(emitted) if emitted else math.nan,
             )
         )
     if hf_baselines:
@@ -136,7 +148,7 @@ def compare(
                     drafter_passes_per_token=0.0,
                     tokens_per_second=tps,
                     speedup=tps / reference_tps,
-                    matches_autoregressive=run.tokens == reference,
+                    matches_plain_greedy=run.tokens == reference,
                 )
             )
     return rows
@@ -156,6 +168,6 @@ def format_table(rows: list[ComparisonRow]) -> str:
             f"| {r.drafter} | {r.batch_size} | {params} | {r.num_draft_tokens} | {r.drafts_verified_per_round:.2f} | "
             f"{tau} | {passes} | "
             f"{r.drafter_passes_per_token:.3f} | {r.tokens_per_second:.1f} | {r.speedup:.2f}x | "
-            f"{'yes' if r.matches_autoregressive else 'NO'} |"
+            f"{'yes' if r.matches_plain_greedy else 'NO'} |"
         )
     return "\n".join(lines)

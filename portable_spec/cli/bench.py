@@ -1,7 +1,7 @@
 """portable-spec bench: `bench decode` (default; cli/bench_decode.py), `bench vllm` (cli/bench_vllm.py: the SmolLM2
 drafters inside vLLM beside vLLM's own methods) or `bench kernels` (portable_spec.kernels.bench).
 
-Both are imported when run, so building the CLI imports neither triton nor the kernels.
+Each is imported when run, so building the CLI imports neither vLLM, triton nor the kernels.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from pathlib import Path
 from portable_spec.core import real_assets
 from portable_spec.core.outputs import claim_output_dir, mark_output_dir, write_file_atomically
 from portable_spec.core.spec import SpecError, read_config
+from portable_spec.core.variants import behaviour_of
 
 METHODS = ("none", "ngram", "dflash_parallel", "depth_causal")
 NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}  # vLLM's prompt lookup
@@ -67,7 +68,8 @@ def speculative_config(method: str, args: argparse.Namespace) -> dict | None:
         return {**NGRAM, "num_speculative_tokens": args.ngram_k}
     kind = "parallel" if method == "dflash_parallel" else "depth_causal"
     path = real_assets.drafter_dir(kind)
-    k = read_config(path).block_size - 1 if kind == "parallel" else args.depth_causal_k
+    config = read_config(path)
+    k = args.depth_causal_k if behaviour_of(config.kind).cuttable else config.block_size - 1
     return {"method": "dflash", "model": str(path), "num_speculative_tokens": k}
 
 

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         hf_baselines=not args.no_hf and args.batch_size == 1,
     )
     print(format_table(rows))
-    lossless = all(row.matches_autoregressive for row in rows if row.drafter_params)
+    lossless = all(row.matches_plain_greedy for row in rows if row.drafter_params)
     print(
         "every speculative output equals plain greedy output token for token: "
         + ("yes" if lossless else "NO (bug: please report)")

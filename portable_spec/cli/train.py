@@ -137,12 +137,6 @@ def run(args: argparse.Namespace) -> int:
     )
     check_shapes(args.block_size, train)  # before any model loads
     device = check_device(args.device)
-    for name in ("reply_batch_size", "feature_batch_size"):
-        if getattr(args, name) < 1:
-            raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be at least 1")
-    for name in ("num_prompts", "num_layers", "max_new_tokens", "max_prompt_tokens"):
-        if getattr(args, name) < 1:
-            raise SpecError(f"--{name.replace('_', '-')}={getattr(args, name)}: must be at least 1")
     data = args.data
     if data is None and not prompts_prepared(args.work_dir):  # a prepared work dir needs no data set
         data = sharegpt_path()

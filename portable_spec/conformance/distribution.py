@@ -5,7 +5,7 @@ the first emitted token (accepted draft or recovered token) must be distributed 
 bonus token after an acceptance as p at slot 1. Chi-square goodness of fit, with a fixed seed so the outcome
 is deterministic; ALPHA is chosen so that the correct verifier passes while the classic bugs (accepting with
 p instead of min(1, p/q), resampling from p instead of the residual, inverse-CDF on an unnormalised residual)
-fail by many orders of magnitude (see test_statistics.py).
+fail by many orders of magnitude (tests/conformance/test_distribution.py).
 """
 
 from __future__ import annotations

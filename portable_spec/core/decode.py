@@ -215,7 +215,7 @@ class SpeculativeDecoder:
             logits, features = self.target.forward(chain, chain_pos, mask, cache, self.layer_ids)
             stats.rounds += 1
             noise = self._noise(config, request_ids, anchor_pos + 1, n, logits.shape[-1])
-            result = verify_op(logits, drafts, sampling, noise, None, round_drafts)
+            result = verify_op(logits, drafts, sampling, noise, num_drafts=round_drafts)
 
             kept = torch.arange(n + 1, device=device) <= result.accepted_len[:, None]
             layout.append(kept & active[:, None], chain_pos)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from portable_spec.core.spec import SpecError
 
-OUTPUT_MARKER = ".portable-spec-output"  # JSON: {"kind": ..., "owner": ...}; older markers hold the kind alone
+OUTPUT_MARKER = ".portable-spec-output"  # JSON: {"kind": ..., "owner": ..., "shared": ...}
 LOCK_FILE = ".portable-spec.lock"
 
 
@@ -29,12 +29,11 @@ def read_marker(directory: Path) -> dict | None:
     marker = Path(directory) / OUTPUT_MARKER
     if not marker.is_file():
         return None
-    text = marker.read_text().strip()
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return {"kind": text}
-    return data if isinstance(data, dict) else {"kind": text}
+        data = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None  # not a marker portable-spec wrote
+    return data if isinstance(data, dict) and isinstance(data.get("kind"), str) else None
 
 
 def write_marker(directory: Path, kind: str, owner: str | None = None) -> None:
@@ -69,6 +68,14 @@ def check_not_an_input(out: Path, inputs: tuple = ()) -> None:
         )
 
 
+def check_directory_path(path: Path, label: str) -> None:
+    """`path` can be a directory: neither it nor a folder above it is a file (else one line naming which)."""
+    for parent in [path, *path.parents]:
+        if parent.exists() and not parent.is_dir():
+            where = "is a file" if parent == path else f"lies under {parent}, which is a file"
+            raise SpecError(f"{label} {where}; pass a directory path (nothing was changed)")
+
+
 def check_output_dir(
     out_dir: Path, kind: str, inputs: tuple = (), force: bool = False, owner: str | None = None
 ) -> None:
@@ -79,10 +86,7 @@ def check_output_dir(
       one is given: a trained drafter belongs to its work directory): `force` lifts this one rule."""
     out_dir = Path(out_dir)
     check_not_an_input(out_dir, inputs)
-    for parent in [out_dir, *out_dir.parents]:
-        if parent.exists() and not parent.is_dir():
-            where = "is a file" if parent == out_dir else f"lies under {parent}, which is a file"
-            raise SpecError(f"output {out_dir} {where}; pass a directory path (nothing was changed)")
+    check_directory_path(out_dir, f"output {out_dir}")
     if out_dir.is_dir() and not force and any(out_dir.iterdir()):
         found = read_marker(out_dir)
         if found is not None and found.get("shared"):  # a user's folder portable-spec also wrote a few files into
@@ -112,10 +116,7 @@ def claim_output_dir(out_dir: Path, kind: str, files: tuple[str, ...], force: bo
     plot): refused when one of those files exists and portable-spec did not write it there (a marker of `kind`
     says it did), unless forced; then created and marked."""
     out_dir = Path(out_dir)
-    for parent in [out_dir, *out_dir.parents]:
-        if parent.exists() and not parent.is_dir():
-            where = "is a file" if parent == out_dir else f"lies under {parent}, which is a file"
-            raise SpecError(f"output {out_dir} {where}; pass a directory path (nothing was changed)")
+    check_directory_path(out_dir, f"output {out_dir}")
     ours = (read_marker(out_dir) or {}).get("kind") == kind if out_dir.is_dir() else True
     clashes = [name for name in files if (out_dir / name).exists()]
     if clashes and not ours and not force:
@@ -292,9 +293,7 @@ def claim_work_dir(work_dir: Path, force: bool = False) -> Path:
     """A training work directory: new, empty, or one portable-spec marked; a folder holding anything else needs
     --force (then it is marked, and only files train names are written there)."""
     work_dir = Path(work_dir)
-    for parent in [work_dir, *work_dir.parents]:
-        if parent.exists() and not parent.is_dir():
-            raise SpecError(f"--work-dir {work_dir}: {parent} is a file; pass a directory path")
+    check_directory_path(work_dir, f"--work-dir {work_dir}")
     if work_dir.is_dir() and any(work_dir.iterdir()) and not force:
         found = read_marker(work_dir)
         if found is None or found.get("kind") != WORK_DIR_KIND:

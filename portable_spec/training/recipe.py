@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from portable_spec.core.outputs import data_lock, locked, training_lock
 from portable_spec.core.spec import DrafterConfig, SpecError
@@ -75,24 +75,25 @@ def frequent_tokens(data_dir: Path, size: int, always: list[int]) -> torch.Tenso
     return torch.tensor(sorted(chosen), dtype=torch.int64)
 
 
-@dataclass
-class RecipeConfig:
+class RecipeConfig(BaseModel):
     """Data and model choices of one training run (train hyper-parameters live in TrainConfig)."""
 
-    kind: str
-    block_size: int = 16
-    num_hidden_layers: int = 2
-    intermediate_size: int | None = None
-    target_layer_ids: list[int] | None = None
-    draft_vocab_size: int | None = 8192
-    mask_token_id: int | None = None
-    num_prompts: int = 2000
-    heldout_prompts: int = 256
-    max_prompt_tokens: int = 256
-    max_new_tokens: int = 256
-    generator: Generator = "auto"
-    reply_batch_size: int = 64  # prompts per generation call and per reply shard
-    feature_batch_size: int = 4  # sequences per target pass when caching features
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str = Field(description="Drafter kind (spec.VARIANT_KINDS).")
+    block_size: int = Field(16, ge=2, description="Anchor + draft slots per block.")
+    num_hidden_layers: int = Field(2, ge=1, description="Drafter layers.")
+    intermediate_size: int | None = Field(None, ge=1, description="Drafter MLP width; None: the target's.")
+    target_layer_ids: list[int] | None = Field(None, description="Feature layers; None: DFlash's spread.")
+    draft_vocab_size: int | None = Field(8192, ge=1, description="Most frequent reply tokens scored; None: all.")
+    mask_token_id: int | None = Field(None, ge=0, description="The block's mask token; None: mask_token_for.")
+    num_prompts: int = Field(2000, ge=1, description="Train-split prompts distilled.")
+    heldout_prompts: int = Field(256, ge=0, description="Held-out prompts written beside them for benchmarks.")
+    max_prompt_tokens: int = Field(256, ge=1, description="Longer prompts are skipped.")
+    max_new_tokens: int = Field(256, ge=1, description="Reply length when regenerating.")
+    generator: Generator = Field("auto", description="Who regenerates replies: vllm, hf, or auto.")
+    reply_batch_size: int = Field(64, ge=1, description="Prompts per generation call and per reply shard.")
+    feature_batch_size: int = Field(4, ge=1, description="Sequences per target pass when caching features.")
 
 
 TRAIN_PROMPTS, HELDOUT_PROMPTS = "train_prompts.json", "heldout_prompts.json"

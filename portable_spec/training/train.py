@@ -182,8 +182,7 @@ def _load_state(
         ) from None
     saved_drafter = read_config(state_dir / "drafter")
     diff = _differences(saved_drafter.model_dump(), drafter_config.model_dump())
-    if "train_config" in meta:  # states written before the training config was saved carry only the drafter's
-        diff += _differences(meta["train_config"], config.model_dump(), ignore=RESUMABLE_CHANGES)
+    diff += _differences(meta.get("train_config", {}), config.model_dump(), ignore=RESUMABLE_CHANGES)
     if diff:
         raise SpecError(
             f"{state_dir}: holds another training run than the one asked for ({'; '.join(diff)}); "
