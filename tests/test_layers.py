@@ -92,3 +92,23 @@ def test_architecture_doc_shows_the_layers():
         for path in sorted((PACKAGE / layer).glob("*.py")):
             if path.name != "__init__.py":
                 assert f"  {path.name}" in doc, f"docs/architecture.md does not list {layer} module {path.name}"
+
+
+def test_no_import_cycles():
+    """Module-level and lazy imports together form no cycle (spec <-> variants was the last one)."""
+    modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    graph = {name: {m for m in imports_of(path) if m in modules and m != name} for name, path in modules.items()}
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(name: str, path: list[str]) -> list[str] | None:
+        state[name] = 1
+        for nxt in sorted(graph[name]):
+            if state.get(nxt) == 1:
+                return path + [name, nxt]
+            if nxt not in state and (cycle := visit(nxt, path + [name])):
+                return cycle
+        state[name] = 2
+        return None
+
+    cycles = [cycle for name in sorted(graph) if name not in state and (cycle := visit(name, []))]
+    assert cycles == []

@@ -8,6 +8,7 @@ HF `output_hidden_states[i + 1]` and the state ENTERING layer i + 1 (what vLLM/S
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
@@ -21,6 +22,37 @@ class SpecError(ValueError):
     """A drafter config or checkpoint that cannot be used; the message names the field and the fix."""
 
 
+@dataclass(frozen=True)
+class VariantBehaviour:
+    """What distinguishes the drafter kinds; everything else is one code path.
+
+    block_causal: slot j attends only to slots <= j (else the whole block sees itself, as DFlash).
+    shift_mix: before each layer, slot j mixes in slot j-1's state: h_j <- W[h_j; h_{j-1}].
+    autoregressive: one pass per draft token on real (drafted) tokens; slot j predicts token j+1.
+      Otherwise slots hold [anchor, MASK...] and slot j predicts the token j places after the anchor.
+    """
+
+    block_causal: bool
+    shift_mix: bool
+    autoregressive: bool
+
+    @property
+    def single_pass(self) -> bool:
+        """One drafter pass per round over [anchor, MASK...]: the shape the engines' DFlash proposers run."""
+        return not self.autoregressive
+
+    @property
+    def cuttable(self) -> bool:
+        """A block of any length <= block_size drafts exactly the prefix of the full block (causal in the block);
+        otherwise the drafter must run the whole block it was trained on."""
+        return self.block_causal
+
+    @property
+    def engine_native(self) -> bool:
+        """Exactly DFlash's drafter, so an engine's own DFlash model class runs it unchanged."""
+        return self.single_pass and not self.block_causal and not self.shift_mix
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -30,6 +62,7 @@ class ParallelVariant(_Strict):
 
     kind: Literal["parallel"] = "parallel"
     engine_architecture: ClassVar[str] = "DFlashDraftModel"  # native in vLLM, SGLang, TensorRT-LLM >= 1.3
+    behaviour: ClassVar[VariantBehaviour] = VariantBehaviour(block_causal=False, shift_mix=False, autoregressive=False)
 
 
 class DepthCausalVariant(_Strict):
@@ -37,6 +70,7 @@ class DepthCausalVariant(_Strict):
 
     kind: Literal["depth_causal"] = "depth_causal"
     engine_architecture: ClassVar[str] = "DFlashDepthCausalDraftModel"  # registered by our engine plugins
+    behaviour: ClassVar[VariantBehaviour] = VariantBehaviour(block_causal=True, shift_mix=True, autoregressive=False)
     shift_mix_layers: Literal["all"] = Field(
         "all", description="Layers that apply the shift-mix h_j <- W[h_j; h_{j-1}]; 'all' is the only option."
     )
@@ -47,10 +81,12 @@ class AutoregressiveVariant(_Strict):
 
     kind: Literal["autoregressive"] = "autoregressive"
     engine_architecture: ClassVar[str] = "PortableSpecAutoregressiveDraft"  # reference/ONNX only
+    behaviour: ClassVar[VariantBehaviour] = VariantBehaviour(block_causal=True, shift_mix=False, autoregressive=True)
 
 
+VARIANT_CLASSES = (ParallelVariant, DepthCausalVariant, AutoregressiveVariant)
 Variant = Annotated[Union[ParallelVariant, DepthCausalVariant, AutoregressiveVariant], Field(discriminator="kind")]
-VARIANT_KINDS = ("parallel", "depth_causal", "autoregressive")
+VARIANT_KINDS = tuple(cls.model_fields["kind"].default for cls in VARIANT_CLASSES)
 
 
 class TargetBinding(_Strict):
@@ -154,8 +190,6 @@ class DrafterConfig(_Strict):
     def engine_fields(self) -> dict[str, Any]:
         """HF/DFlash-style keys written beside ours so vLLM, SGLang and TensorRT-LLM read the same config.json
         (AutoConfig needs model_type; the engines' DFlash loaders read architectures and dflash_config)."""
-        from portable_spec.core.variants import behaviour_of  # variants builds on this module
-
         return {
             "architectures": [self.variant.engine_architecture],
             "model_type": "qwen3",
@@ -163,7 +197,7 @@ class DrafterConfig(_Strict):
             "attention_bias": False,
             "tie_word_embeddings": False,
             "max_position_embeddings": 32768,
-            "is_causal": behaviour_of(self.kind).block_causal,
+            "is_causal": self.variant.behaviour.block_causal,
             "layer_types": ["full_attention"] * self.num_hidden_layers,
             "num_target_layers": self.target.num_hidden_layers,
             "dflash_config": {
