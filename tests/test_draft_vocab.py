@@ -96,7 +96,7 @@ def test_greedy_output_is_unchanged_with_a_draft_vocabulary(target, kind):
     drafter = _drafter(target, kind)
     assert SpeculativeDecoder(target, drafter).generate(prompts, config).tokens == plain
     context = drafter.context_kv(torch.randn(2, 4, drafter.config.feature_size), torch.arange(4).expand(2, -1))
-    drafts = drafter.propose(torch.tensor([7, 8]), torch.tensor([4, 4]), context, torch.ones(2, 4, dtype=torch.bool), 5)
+    drafts = drafter.propose(context, torch.ones(2, 4, dtype=torch.bool), torch.tensor([7, 8]), torch.tensor([4, 4]), 5)
     assert set(drafts.flatten().tolist()) <= set(VOCAB_IDS.tolist())  # proposed ids are target ids in the draft vocab
 
 

@@ -59,8 +59,8 @@ def test_invalid_context_slots_are_invisible(target):
     noisy = features.clone()
     noisy[0, [1, 4]] = 100.0
     anchor, anchor_pos = torch.tensor([3]), torch.tensor([5])
-    a = drafter.propose(anchor, anchor_pos, drafter.context_kv(features, positions), valid, 7)
-    b = drafter.propose(anchor, anchor_pos, drafter.context_kv(noisy, positions), valid, 7)
+    a = drafter.propose(drafter.context_kv(features, positions), valid, anchor, anchor_pos, 7)
+    b = drafter.propose(drafter.context_kv(noisy, positions), valid, anchor, anchor_pos, 7)
     assert torch.equal(a, b)
 
 
@@ -69,7 +69,7 @@ def test_autoregressive_propose_feeds_back_its_drafts(target):
     features = torch.randn(1, 4, drafter.config.feature_size)
     positions, valid = torch.arange(4)[None], torch.ones(1, 4, dtype=torch.bool)
     context = drafter.context_kv(features, positions)
-    drafts = drafter.propose(torch.tensor([5]), torch.tensor([4]), context, valid, 3)
+    drafts = drafter.propose(context, valid, torch.tensor([5]), torch.tensor([4]), 3)
     tokens = torch.tensor([[[5]]])
     for _ in range(3):  # one pass per token, by hand
         k = tokens.shape[-1]

@@ -8,6 +8,7 @@ stay valid in both caches, rejected ones become masked holes, and the unused tai
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -23,6 +24,7 @@ from portable_spec.core.proposer import DraftProposer, TorchProposer
 from portable_spec.core.sampling import SamplingBatch, SamplingParams
 from portable_spec.core.spec import SpecError
 from portable_spec.core.target import TargetModel
+from portable_spec.core.verify import VerifyResult
 
 
 class GenerationConfig(BaseModel):
@@ -105,6 +107,23 @@ class _SlotLayout:
         self.valid, self.positions = self.valid[:, :length], self.positions[:, :length]
 
 
+@dataclass
+class _DecodeState:
+    """What one generate call carries from round to round."""
+
+    config: GenerationConfig
+    sampling: SamplingBatch
+    request_ids: torch.Tensor  # [B]
+    layout: _SlotLayout
+    cache: object  # the target's KV cache
+    context: object  # the proposer's context state (None without a drafter)
+    anchor: torch.Tensor  # [B] each request's last emitted token
+    anchor_pos: torch.Tensor  # [B] its sequence position
+    outputs: list[list[int]]
+    active: torch.Tensor  # [B] bool: still generating
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
 class SpeculativeDecoder:
     """Reference loop; with no drafter it decodes autoregressively through the same verify step."""
 
@@ -162,27 +181,36 @@ class SpeculativeDecoder:
         self, prompts: list[list[int]], config: GenerationConfig, request_ids: list[int] | None = None
     ) -> GenerationOutput:
         """request_ids key each request's noise (default 0..B-1): the same id, seed and prompt sample the same
-        tokens whatever batch they are in."""
-        if not self.decode_matmul:
-            return self._generate(prompts, config, request_ids)
-        drafter = self.proposer.drafter if isinstance(self.proposer, TorchProposer) else None
-        with decode_shaped_linears(self.target.model, drafter):
-            return self._generate(prompts, config, request_ids)
-
-    def _generate(self, prompts, config: GenerationConfig, request_ids: list[int] | None) -> GenerationOutput:
+        tokens whatever batch they are in. Inputs are checked here, once; the rounds check nothing."""
         self._check_prompts(prompts, config)
-        proposer = self.proposer
-        num_drafts = config.num_draft_tokens if proposer is not None else 0
-        if proposer is not None:
-            proposer.config.check_num_draft_tokens(num_drafts)
-        device, batch = self.target.device, len(prompts)
-        synchronize(device)
-        stats, start = DecodeStats(), time.perf_counter()
-        sampling = SamplingBatch.from_params([config.sampling] * batch, device)
+        if self.proposer is not None:
+            self.proposer.config.check_num_draft_tokens(config.num_draft_tokens)
         if request_ids is not None:
-            check_request_ids(request_ids, batch)
-        request_ids = torch.tensor(request_ids if request_ids is not None else range(batch), device=device)
+            check_request_ids(request_ids, len(prompts))
+        with self._layout():
+            synchronize(self.target.device)
+            start = time.perf_counter()
+            state = self._prefill(prompts, config, request_ids)
+            while bool(state.active.any()):
+                self._commit(state, *self._round(state))
+            synchronize(self.target.device)
+        state.stats.seconds = time.perf_counter() - start
+        return GenerationOutput(tokens=state.outputs, stats=state.stats)
 
+    def _layout(self) -> AbstractContextManager:
+        """The decode-shaped CPU matmul layout for the target's and the proposer's linears (decode_matmul.py)."""
+        if not self.decode_matmul:
+            return nullcontext()
+        stack = ExitStack()
+        stack.enter_context(decode_shaped_linears(self.target.model))
+        if self.proposer is not None and hasattr(self.proposer, "decode_layout"):
+            stack.enter_context(self.proposer.decode_layout())
+        return stack
+
+    def _prefill(self, prompts, config: GenerationConfig, request_ids: list[int] | None) -> "_DecodeState":
+        """One target pass over the packed prompts: the caches, the drafter context and each request's first token."""
+        device, batch = self.target.device, len(prompts)
+        ids = torch.tensor(request_ids if request_ids is not None else range(batch), device=device)
         lengths = torch.tensor([len(p) for p in prompts], device=device)
         width = int(lengths.max())
         input_ids = torch.zeros(batch, width, dtype=torch.int64, device=device)
@@ -192,53 +220,66 @@ class SpeculativeDecoder:
         layout = _SlotLayout(valid=slots < lengths[:, None], positions=slots.clone())
         cache = self.target.new_cache()
         logits, features = self.target.forward(input_ids, slots, layout.valid, cache, self.layer_ids)
-        context = proposer.begin(features, slots) if proposer is not None else None
+        context = self.proposer.begin(features, slots) if self.proposer is not None else None
+        sampling = SamplingBatch.from_params([config.sampling] * batch, device)
         last = logits[torch.arange(batch, device=device), lengths - 1][:, None]
-        noise = self._noise(config, request_ids, lengths, 0, last.shape[-1])
-        empty = torch.zeros(batch, 0, dtype=torch.int64, device=device)
-        anchor = verify_op(last, empty, sampling, noise).next_token
-        anchor_pos = lengths.clone()  # sequence position of each request's anchor
+        noise = self._noise(config, ids, lengths, 0, last.shape[-1])
+        anchor = verify_op(last, last.new_zeros(batch, 0, dtype=torch.int64), sampling, noise).next_token
         outputs = [[int(t)] for t in anchor]
         active = torch.tensor([not self._finish(out, config) for out in outputs], device=device)
+        return _DecodeState(config, sampling, ids, layout, cache, context, anchor, lengths.clone(), outputs, active)
 
-        while bool(active.any()):
-            drafts, round_drafts = empty, None
-            if proposer is not None:
-                drafts, round_drafts = self._propose(
-                    proposer, context, layout.valid, anchor, anchor_pos, num_drafts, config.draft_confidence
-                )
-                stats.drafter_passes += proposer.passes_per_round(num_drafts)
-            n = drafts.shape[1]
-            chain = torch.cat((anchor[:, None], drafts), dim=1)  # [B, n+1]
-            chain_pos = anchor_pos[:, None] + torch.arange(n + 1, device=device)
-            mask = torch.cat((layout.valid, torch.ones_like(chain, dtype=torch.bool)), dim=1)
-            logits, features = self.target.forward(chain, chain_pos, mask, cache, self.layer_ids)
-            stats.rounds += 1
-            noise = self._noise(config, request_ids, anchor_pos + 1, n, logits.shape[-1])
-            result = verify_op(logits, drafts, sampling, noise, num_drafts=round_drafts)
+    def _round(self, state: "_DecodeState"):
+        """Draft after each anchor, score [anchor, drafts] in one target pass, verify: (result, chain positions,
+        the chain's features, per-row draft counts or None)."""
+        device, config = self.target.device, state.config
+        drafts, round_drafts = state.anchor.new_zeros(len(state.anchor), 0), None
+        if self.proposer is not None:
+            drafts, round_drafts = self._propose(
+                self.proposer,
+                state.context,
+                state.layout.valid,
+                state.anchor,
+                state.anchor_pos,
+                config.num_draft_tokens,
+                config.draft_confidence,
+            )
+            state.stats.drafter_passes += self.proposer.passes_per_round(config.num_draft_tokens)
+        n = drafts.shape[1]
+        chain = torch.cat((state.anchor[:, None], drafts), dim=1)  # [B, n+1]
+        chain_pos = state.anchor_pos[:, None] + torch.arange(n + 1, device=device)
+        mask = torch.cat((state.layout.valid, torch.ones_like(chain, dtype=torch.bool)), dim=1)
+        logits, features = self.target.forward(chain, chain_pos, mask, state.cache, self.layer_ids)
+        state.stats.rounds += 1
+        noise = self._noise(config, state.request_ids, state.anchor_pos + 1, n, logits.shape[-1])
+        return (
+            verify_op(logits, drafts, state.sampling, noise, num_drafts=round_drafts),
+            chain_pos,
+            features,
+            round_drafts,
+        )
 
-            kept = torch.arange(n + 1, device=device) <= result.accepted_len[:, None]
-            layout.append(kept & active[:, None], chain_pos)
-            if proposer is not None:
-                context = proposer.extend(context, features, chain_pos)
-            for row in active.nonzero()[:, 0].tolist():
-                accepted = int(result.accepted_len[row])
-                stats.emitted_per_round.append(accepted + 1)
-                stats.drafts_verified += int(round_drafts[row]) if round_drafts is not None else n
-                outputs[row].extend(result.output_tokens[row, : accepted + 1].tolist())
-                active[row] = not self._finish(outputs[row], config)
-            anchor, anchor_pos = result.next_token, anchor_pos + result.accepted_len + 1
-
-            live = layout.live_length()
-            if live < layout.valid.shape[1]:
-                cache.crop(live - layout.valid.shape[1])  # negative = drop that many from the end (all HF versions)
-            layout.crop(live)
-            if proposer is not None:
-                context = proposer.crop(context, live)
-
-        synchronize(device)
-        stats.seconds = time.perf_counter() - start
-        return GenerationOutput(tokens=outputs, stats=stats)
+    def _commit(self, state: "_DecodeState", result: VerifyResult, chain_pos, features, round_drafts) -> None:
+        """Keep the accepted slots in both caches (rejected ones become masked holes), emit the tokens, advance
+        the anchors, and crop the tail no request uses."""
+        n = chain_pos.shape[1] - 1
+        kept = torch.arange(n + 1, device=chain_pos.device) <= result.accepted_len[:, None]
+        state.layout.append(kept & state.active[:, None], chain_pos)
+        if self.proposer is not None:
+            state.context = self.proposer.extend(state.context, features, chain_pos)
+        for row in state.active.nonzero()[:, 0].tolist():
+            accepted = int(result.accepted_len[row])
+            state.stats.emitted_per_round.append(accepted + 1)
+            state.stats.drafts_verified += int(round_drafts[row]) if round_drafts is not None else n
+            state.outputs[row].extend(result.output_tokens[row, : accepted + 1].tolist())
+            state.active[row] = not self._finish(state.outputs[row], state.config)
+        state.anchor, state.anchor_pos = result.next_token, state.anchor_pos + result.accepted_len + 1
+        live = state.layout.live_length()
+        if live < state.layout.valid.shape[1]:
+            state.cache.crop(live - state.layout.valid.shape[1])  # negative = drop that many from the end
+        state.layout.crop(live)
+        if self.proposer is not None:
+            state.context = self.proposer.crop(state.context, live)
 
     @staticmethod
     def _propose(proposer, context, valid, anchor, anchor_pos, num_drafts: int, confidence: float):

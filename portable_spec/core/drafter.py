@@ -152,21 +152,23 @@ class Drafter(nn.Module):
     @torch.no_grad()
     def propose(
         self,
-        anchor_tokens: torch.Tensor,  # [B]: last verified token, at position anchor_positions
-        anchor_positions: torch.Tensor,  # [B]
         context: ContextKV,
         context_valid: torch.Tensor,  # [B, T] bool
-        num_drafts: int,
+        anchor_tokens: torch.Tensor,  # [B]: last verified token, at position anchor_positions
+        anchor_positions: torch.Tensor,  # [B]
+        num_drafts: int,  # checked once per generate call (decode.py), not every round
     ) -> torch.Tensor:  # draft_tokens [B, num_drafts], greedy
-        return self.propose_scored(anchor_tokens, anchor_positions, context, context_valid, num_drafts)[0]
+        return self.propose_scored(context, context_valid, anchor_tokens, anchor_positions, num_drafts)[0]
 
     @torch.no_grad()
-    def propose_scored(self, anchor_tokens, anchor_positions, context, context_valid, num_drafts):
+    def propose_scored(self, context, context_valid, anchor_tokens, anchor_positions, num_drafts):
         """Greedy drafts [B, n] and the drafter's own probability of each [B, n] (for confidence-cut rounds)."""
-        self.config.check_num_draft_tokens(num_drafts)
         # A bidirectional block needs every trained slot (slots see later ones); a causal block is exact when cut.
         width = num_drafts + 1 if self.behaviour.cuttable else self.config.block_size
-        run = lambda block: self._single_block(block, anchor_positions, context, context_valid)  # noqa: E731
+
+        def run(block):
+            return self._single_block(block, anchor_positions, context, context_valid)
+
         return greedy_drafts(run, self.config, anchor_tokens, num_drafts, width)
 
     def _single_block(self, block_ids, anchor_positions, context, context_valid):

@@ -6,10 +6,12 @@ A proposer keeps per-request drafter context in an opaque state whose slots mirr
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import torch
 
+from portable_spec.core.decode_matmul import decode_shaped_linears
 from portable_spec.core.drafter import Drafter
 from portable_spec.core.spec import DrafterConfig
 
@@ -49,6 +51,9 @@ class DraftProposer(Protocol):
     def passes_per_round(self, num_drafts: int) -> int:
         """Drafter forward passes one round costs (for stats)."""
 
+    # Optional: `decode_layout() -> context manager`, entered around each generate call (TorchProposer uses it
+    # for the decode-shaped CPU matmul layout); a proposer without it runs as it is.
+
 
 class TorchProposer:
     """The reference proposer: the torch drafter with its injected context KV cached per layer."""
@@ -68,10 +73,14 @@ class TorchProposer:
         return [(k[:, :, :length], v[:, :, :length]) for k, v in state]
 
     def propose(self, state, valid, anchor_tokens, anchor_positions, num_drafts):
-        return self.drafter.propose(anchor_tokens, anchor_positions, state, valid, num_drafts)
+        return self.drafter.propose(state, valid, anchor_tokens, anchor_positions, num_drafts)
 
     def propose_scored(self, state, valid, anchor_tokens, anchor_positions, num_drafts):
-        return self.drafter.propose_scored(anchor_tokens, anchor_positions, state, valid, num_drafts)
+        return self.drafter.propose_scored(state, valid, anchor_tokens, anchor_positions, num_drafts)
 
     def passes_per_round(self, num_drafts: int) -> int:
         return num_drafts if self.drafter.behaviour.autoregressive else 1
+
+    def decode_layout(self) -> AbstractContextManager:
+        """The drafter's linear layers in the decode-shaped CPU layout while a generate call runs (decode_matmul.py)."""
+        return decode_shaped_linears(self.drafter)
