@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from portable_spec.core.spec import DrafterConfig, SpecError, parse_config
+from portable_spec.core.spec import DrafterConfig, SpecError, is_drafter_config, parse_config
 from portable_spec.core.variants import behaviour_of, single_pass_kinds
 
 ENGINE_KINDS = single_pass_kinds()  # what an engine's DFlash proposer runs: one drafter pass per round
@@ -20,7 +20,7 @@ def portable_config_of(config_json: bytes | str | None, source: str) -> DrafterC
         data = json.loads(config_json)
     except json.JSONDecodeError:
         return None
-    if not isinstance(data, dict) or "format_version" not in data or "variant" not in data:
+    if not is_drafter_config(data):
         return None
     return parse_config(data, source)
 

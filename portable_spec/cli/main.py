@@ -11,6 +11,7 @@ import sys
 
 from pydantic import ValidationError
 
+from portable_spec.core.errors import first_line, validation_line
 from portable_spec.core.spec import SpecError
 
 # subcommand -> module in portable_spec.cli exposing add_arguments(parser) and run(args) -> int
@@ -24,15 +25,6 @@ COMMANDS = {
     "export": "Export a drafter: `export onnx DRAFTER OUT` or `export trtllm DRAFTER OUT`.",
     "conformance": "Run the cross-backend conformance suite and write docs/conformance.md.",
 }
-
-
-def describe_validation_error(error: ValidationError) -> str:
-    """One line per bad option: `field=value: what is wrong` (pydantic's own words, without its URL)."""
-    parts = []
-    for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "(options)"
-        parts.append(f"{field}={item.get('input')!r}: {item['msg'].removeprefix('Value error, ')}")
-    return "; ".join(parts)
 
 
 def _os_fix(error: OSError) -> str:
@@ -50,13 +42,12 @@ def describe(error: BaseException) -> tuple[str, int]:
     if isinstance(error, SpecError):
         return str(error), 2
     if isinstance(error, ValidationError):
-        return describe_validation_error(error), 2
+        return validation_line(error), 2
     if isinstance(error, OSError) and error.filename is not None:
         return f"{error.filename}: {error.strerror or error}{_os_fix(error)}", 2
     if isinstance(error, OSError):
         return f"{error.strerror or error}{_os_fix(error)}", 2
-    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"unexpected {type(error).__name__}: {first} (rerun with --debug for the traceback)", 1
+    return f"unexpected {type(error).__name__}: {first_line(error)} (rerun with --debug for the traceback)", 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,7 @@ import torch
 from portable_spec.core.attention import block_attention_mask, injected_attention
 from portable_spec.core.noise import VerifyNoise
 from portable_spec.core.sampling import SamplingBatch, target_probs
-from portable_spec.core.verify import VerifyResult, verify
+from portable_spec.core.verify import VerifyResult, check_chain_shapes, verify
 
 IMPLS = ("auto", "torch", "triton")
 ENV_VAR = "PORTABLE_SPEC_KERNELS"
@@ -41,12 +41,7 @@ def verify_op(
     """portable_spec.core.verify.verify, fused on CUDA: filtering (target_probs) stays torch, the rest is one kernel."""
     if choose_impl(target_logits, impl, kernel="verify_triton") == "torch":
         return verify(target_logits, draft_tokens, sampling, noise, draft_probs, num_drafts)
-    batch, n = draft_tokens.shape
-    if target_logits.shape[:2] != (batch, n + 1):
-        raise ValueError(
-            f"target_logits has shape {tuple(target_logits.shape)}, expected [batch={batch}, n+1={n + 1}, vocab]: "
-            "score the anchor and every draft token"
-        )
+    check_chain_shapes(target_logits, draft_tokens)
     p = target_probs(target_logits, sampling)
     return kernel_module("verify_triton").verify_probs(p, draft_tokens, noise, draft_probs, num_drafts)
 

@@ -14,6 +14,8 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from portable_spec.core.errors import validation_line
+
 FORMAT_VERSION = 1
 MAX_BLOCK_SIZE = 64
 
@@ -221,20 +223,23 @@ class DrafterConfig(_Strict):
             )
 
 
+def _explain(item: dict) -> str | None:
+    """The valid options where pydantic's own message does not list them."""
+    if item["type"] == "extra_forbidden":
+        return f"unknown field; valid fields: {', '.join(DrafterConfig.model_fields)}"
+    if item["type"] == "union_tag_invalid":
+        return f"unknown variant; valid options: {', '.join(VARIANT_KINDS)}"
+    return None
+
+
 def _format_validation_error(error: ValidationError, source: str) -> str:
-    """One line: every bad field with its value and what is wrong."""
-    problems = []
-    for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or "(root)"
-        value = item.get("input")
-        shown = "" if isinstance(value, dict) else f" = {value!r}"
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = f"unknown field; valid fields: {', '.join(DrafterConfig.model_fields)}"
-        elif item["type"] == "union_tag_invalid":
-            message = f"unknown variant; valid options: {', '.join(VARIANT_KINDS)}"
-        problems.append(f"{field}{shown}: {message}")
-    return f"{source}: invalid drafter config: " + "; ".join(problems)
+    return f"{source}: invalid drafter config: " + validation_line(error, _explain)
+
+
+def is_drafter_config(data: object) -> bool:
+    """A config.json object written by portable-spec for a drafter (any version): what targets and engines check
+    before treating a directory as something else."""
+    return isinstance(data, dict) and "format_version" in data and "variant" in data
 
 
 ENGINE_KEYS = (

@@ -12,16 +12,11 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from portable_spec.core.spec import SpecError, read_json_object
+from portable_spec.core.errors import first_line
+from portable_spec.core.spec import SpecError, is_drafter_config, read_json_object
 
 FIX = "pass a local Hugging Face causal-LM directory (config.json + weights), e.g. `portable-spec fetch-target smollm2`"
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")  # Qwen3ForCausalLM, LlamaForCausalLM, GPT2LMHeadModel, ...
-
-
-def _first_line(error: BaseException) -> str:
-    """transformers' messages run to many lines; the first says what failed."""
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 # (field, lowest, highest): sizes a decoder-only LM's config.json can sanely hold; outside them transformers would
@@ -70,7 +65,7 @@ def check_target_dir(path: Path) -> dict:
     if not config_file.is_file():
         raise SpecError(f"target={path}: no config.json file in it; {FIX}")
     config = read_json_object(config_file, "restore the model's config.json")
-    if "variant" in config and "target" in config:
+    if is_drafter_config(config):
         raise SpecError(
             f"target={path}: is a portable-spec drafter checkpoint, not a target; pass it as --drafter "
             "and the model it was trained for as --target"
@@ -96,7 +91,7 @@ def load_causal_lm(path: str | Path, dtype: torch.dtype):
             str(path), dtype=dtype, attn_implementation="sdpa", output_loading_info=True
         )
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as error:
-        raise SpecError(f"target={path}: transformers could not load it ({_first_line(error)}); {FIX}") from None
+        raise SpecError(f"target={path}: transformers could not load it ({first_line(error)}); {FIX}") from None
     problems = {kind: sorted(info.get(kind) or []) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
     problems = {kind: keys for kind, keys in problems.items() if keys}
     if problems or info.get("error_msgs"):
@@ -116,7 +111,7 @@ def load_tokenizer(path: str | Path, need_eos: bool = True):
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise SpecError(
-            f"target={path}: its tokenizer could not load ({_first_line(error)}); the target directory "
+            f"target={path}: its tokenizer could not load ({first_line(error)}); the target directory "
             "needs the tokenizer files saved with the model"
         ) from None
     if need_eos and tokenizer.eos_token_id is None:

@@ -29,6 +29,16 @@ class VerifyResult:
     output_tokens: torch.Tensor  # [B, n+1] accepted drafts then next_token, padded with -1
 
 
+def check_chain_shapes(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> None:
+    """target_logits [B, n+1, V] score the anchor and each of the n draft tokens [B, n] (every verify implementation)."""
+    batch, n = draft_tokens.shape
+    if target_logits.shape[:2] != (batch, n + 1):
+        raise ValueError(
+            f"target_logits has shape {tuple(target_logits.shape)}, expected [batch={batch}, n+1={n + 1}, vocab]: "
+            "score the anchor and every draft token"
+        )
+
+
 def verify(
     target_logits: torch.Tensor,  # [B, n+1, V]: slot i scores the token after chain slot i
     draft_tokens: torch.Tensor,  # [B, n]
@@ -37,12 +47,8 @@ def verify(
     draft_probs: torch.Tensor | None = None,  # [B, n, V]; None = deterministic drafts (q one-hot)
     num_drafts: torch.Tensor | None = None,  # [B] ragged draft lengths; None = all n
 ) -> VerifyResult:
+    check_chain_shapes(target_logits, draft_tokens)
     batch, n = draft_tokens.shape
-    if target_logits.shape[:2] != (batch, n + 1):
-        raise ValueError(
-            f"target_logits has shape {tuple(target_logits.shape)}, expected [batch={batch}, n+1={n + 1}, vocab]: "
-            "score the anchor and every draft token"
-        )
     device = target_logits.device
     draft_tokens = draft_tokens.to(torch.int64)
     if num_drafts is None:
