@@ -173,3 +173,46 @@ def test_a_users_folder_with_a_benchmark_in_it_is_still_the_users(tmp_path):
     with pytest.raises(SpecError, match="holds files portable-spec did not write"):
         write_dir_atomically(tmp_path, _write("x"), kind="bench")
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_real_ctrl_c_during_export_ends_with_one_line(tmp_path):
+    """SIGINT to a running `portable-spec export onnx` (during imports, loading or the export itself): exit 130,
+    the one `error:` line, no traceback, nothing at the output."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    target, drafter = save_tiny_pair(tmp_path / "in")
+    out = tmp_path / "out"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "portable_spec.cli", "export", "onnx", str(drafter), str(out), "--target", str(target)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(1.5)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("error: interrupted")
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_a_full_disk_names_the_output_and_leaves_nothing(tmp_path):
+    import errno
+
+    def full(tmp: Path) -> None:
+        (tmp / "model.safetensors").write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(SpecError, match=r"/o: writing failed \(.*No space left on device\); check free disk"):
+        write_dir_atomically(tmp_path / "o", full, kind="onnx-export")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_damaged_target_cache_manifest_is_rebuilt_not_an_error(tmp_path):
+    from portable_spec.core.real_target import MANIFEST, _manifest_ok
+
+    (tmp_path / MANIFEST).write_text("{half")
+    assert _manifest_ok(tmp_path, "sha256:x") is False

@@ -50,7 +50,10 @@ def describe(error: BaseException) -> tuple[str, int]:
     return f"unexpected {type(error).__name__}: {first_line(error)} (rerun with --debug for the traceback)", 1
 
 
-def main(argv: list[str] | None = None) -> int:
+INTERRUPTED = "error: interrupted; outputs are written whole or not at all, so nothing half-written was left"
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="portable-spec", description=__doc__)
     parser.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -59,19 +62,21 @@ def main(argv: list[str] | None = None) -> int:
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(sub)
         sub.set_defaults(handler=module.run)
-    args = parser.parse_args(argv)
-    try:
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    try:  # Ctrl-C at any point, imports included, ends with one line
+        args = build_parser().parse_args(argv)
         return int(args.handler(args) or 0)
     except KeyboardInterrupt:
-        if args.debug:
+        if debug:
             raise
-        print(
-            "error: interrupted; outputs are written whole or not at all, so nothing half-written was left",
-            file=sys.stderr,
-        )
+        print(INTERRUPTED, file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - the one place errors become `error:` lines
-        if args.debug:
+        if debug:
             raise
         message, status = describe(error)
         print(f"error: {message}", file=sys.stderr)
