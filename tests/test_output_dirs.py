@@ -175,30 +175,6 @@ def test_a_users_folder_with_a_benchmark_in_it_is_still_the_users(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
-def test_a_real_ctrl_c_during_export_ends_with_one_line(tmp_path):
-    """SIGINT to a running `portable-spec export onnx` (during imports, loading or the export itself): exit 130,
-    the one `error:` line, no traceback, nothing at the output."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    target, drafter = save_tiny_pair(tmp_path / "in")
-    out = tmp_path / "out"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "portable_spec.cli", "export", "onnx", str(drafter), str(out), "--target", str(target)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(1.5)
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)
-    assert process.returncode == 130 and "Traceback" not in err, err
-    assert err.strip().splitlines()[-1].startswith("error: interrupted")
-    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
-
-
 def test_a_full_disk_names_the_output_and_leaves_nothing(tmp_path):
     import errno
 
