@@ -63,6 +63,7 @@ def test_gpu_session_dry_run_executes_every_stage(tmp_path):
         "kernel-bench": [0],
         "target": [0],
         "data": [0],
+        "features": [0],
         "train": [0, 0],
         "decode": [0],
     }

@@ -92,7 +92,7 @@ PROFILES = {
         12,
         64,
         (4, 16),
-        {"kernels": 70, "target": 60, "data": 150, "decode": 100},
+        {"kernels": 90, "target": 60, "data": 120, "features": 60, "decode": 90},
     ),
     "tiny": Profile(
         "cpu",
@@ -119,7 +119,7 @@ PROFILES = {
         2,
         8,
         (4,),
-        {"kernels": 120, "target": 120, "data": 120, "decode": 120},
+        {"kernels": 120, "target": 120, "data": 120, "features": 120, "decode": 120},
     ),
 }
 
@@ -474,20 +474,22 @@ class DeviceRun:
             "8192",
             "--loss-gamma",
             "7",
-            "--num-prompts",
-            str(p.num_prompts or 10**6),
             *p.train_args,
         ]
         drafters = self.stash / "drafters"
+        data_only = ["--kind", "depth_causal", "--out", str(drafters / "unused")]
+        wanted = str(p.num_prompts or 10**6)
         self.stage(
             "data",
-            [
-                self.cli(
-                    "train", *common, "--kind", "depth_causal", "--out", str(drafters / "unused"), "--until", "features"
-                )
-            ],
+            [self.cli("train", *common, *data_only, "--num-prompts", wanted, "--until", "replies")],
             p.limits["data"],
         )
+        # A cut reply stage keeps its finished shards: features and training use exactly those prompts, so no later
+        # run generates replies (or waits on the data lock) while the drafters train.
+        shards = len(list((self.work / "data").glob("shard-*.safetensors")))
+        done = str(min(shards * p.reply_batch_size, p.num_prompts or 10**6))
+        common += ["--num-prompts", done]
+        self.stage("features", [self.cli("train", *common, *data_only, "--until", "features")], p.limits["features"])
         budget = min(p.train_seconds, self.left() - p.limits["decode"] - 60)
         self.stage(
             "train",
