@@ -20,7 +20,7 @@ from portable_spec.adapters.onnx_export import (
     export_bound_drafter,
     session_options,
 )
-from portable_spec.core.backends import Backend, ReferenceBackend
+from portable_spec.core.backends import Acceptance, Backend, ReferenceBackend
 from portable_spec.core.decode import SpeculativeDecoder
 from portable_spec.core.drafter import greedy_drafts
 from portable_spec.core.spec import DrafterConfig, SpecError
@@ -160,8 +160,15 @@ class OnnxBackend(Backend):
         graph = self.graph(TargetModel.load(target_dir), target_dir, drafter_dir)
         return graph.block_logits(features, context_positions, context_valid, block_ids, block_positions)
 
-    def generate(self, target_dir, drafter_dir, prompts, config):
-        """drafter_dir None: the target decodes alone (this backend only drafts), through the reference loop."""
+    def decoder(self, target_dir: Path, drafter_dir: Path | None) -> SpeculativeDecoder:
+        """The reference loop drafting with the graph; drafter_dir None: the target decodes alone."""
         target = TargetModel.load(target_dir)
         proposer = OnnxProposer(self.graph(target, target_dir, drafter_dir)) if drafter_dir is not None else None
-        return SpeculativeDecoder(target, proposer).generate(prompts, config).tokens
+        return SpeculativeDecoder(target, proposer)
+
+    def generate(self, target_dir, drafter_dir, prompts, config):
+        return self.decoder(target_dir, drafter_dir).generate(prompts, config).tokens
+
+    def acceptance(self, target_dir, drafter_dir, prompts, config):
+        output = self.decoder(target_dir, drafter_dir).generate(prompts, config)
+        return Acceptance.of_output(output, config.num_draft_tokens)

@@ -7,18 +7,43 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 
-from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.decode import GenerationConfig, GenerationOutput, SpeculativeDecoder
 from portable_spec.core.noise import VerifyNoise
 from portable_spec.core.sampling import SamplingBatch
 from portable_spec.core.spec import VARIANT_KINDS, SpecError
 from portable_spec.core.target import TargetModel
 from portable_spec.core.verify import VerifyResult, verify
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """How a backend's drafts fared on a batch: what engines count (vLLM's spec_decode_num_drafts,
+    num_accepted_tokens and num_accepted_tokens_per_pos) and, where a backend exposes it, each request's
+    accepted length per round."""
+
+    tokens: list[list[int]]
+    rounds: int  # verification rounds that scored drafts, summed over requests
+    accepted_per_position: list[int]  # [num_draft_tokens]: rounds in which draft j was accepted
+    accepted_by_request: list[list[int]] | None = None  # per request, accepted drafts per round
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens emitted per round: 1 + accepted drafts / rounds."""
+        return 1 + sum(self.accepted_per_position) / max(self.rounds, 1)
+
+    @classmethod
+    def of_output(cls, output: GenerationOutput, num_draft_tokens: int) -> "Acceptance":
+        by_request = output.stats.accepted_by_request
+        rounds = [accepted for request in by_request for accepted in request]
+        per_position = [sum(accepted > j for accepted in rounds) for j in range(num_draft_tokens)]
+        return cls(output.tokens, len(rounds), per_position, [list(request) for request in by_request])
 
 
 class Backend(ABC):
@@ -79,6 +104,17 @@ class Backend(ABC):
     ) -> list[list[int]]:
         """End-to-end decode; drafter_dir None = the backend's own non-speculative decoding."""
 
+    def acceptance(
+        self, target_dir: Path, drafter_dir: Path, prompts: list[list[int]], config: GenerationConfig
+    ) -> Acceptance:
+        """Speculative decode with the backend's acceptance counters. Optional: a skip until implemented."""
+        raise NotImplementedError(f"{type(self).__name__} does not report acceptance")
+
+    def reads_layout(self, layout: str) -> bool:
+        """Whether the backend loads a drafter in this upstream layout (zlab, specforge, speculators) itself, as
+        its users would hand it over; otherwise the import checks give it the portable import."""
+        return False
+
 
 class ReferenceBackend(Backend):
     """The specification: the torch drafter, the shared verifier and the reference decode loop."""
@@ -102,13 +138,25 @@ class ReferenceBackend(Backend):
         logits, features = target.forward(chain_ids, positions, valid, target.new_cache(), list(layer_ids))
         return logits.float(), features.float()
 
-    def generate(self, target_dir, drafter_dir, prompts, config):
+    def decoder(self, target_dir: Path, drafter_dir: Path | None) -> SpeculativeDecoder:
         target = TargetModel.load(target_dir)
-        drafter = target.load_drafter(drafter_dir) if drafter_dir is not None else None
-        return SpeculativeDecoder(target, drafter).generate(prompts, config).tokens
+        return SpeculativeDecoder(target, target.load_drafter(drafter_dir) if drafter_dir is not None else None)
+
+    def generate(self, target_dir, drafter_dir, prompts, config):
+        return self.decoder(target_dir, drafter_dir).generate(prompts, config).tokens
+
+    def acceptance(self, target_dir, drafter_dir, prompts, config):
+        output = self.decoder(target_dir, drafter_dir).generate(prompts, config)
+        return Acceptance.of_output(output, config.num_draft_tokens)
 
 
-COMPONENTS = ("verify", "target_forward", "block_logits", "generate")  # what a conformance check exercises
+COMPONENTS = (
+    "verify",
+    "target_forward",
+    "block_logits",
+    "generate",
+    "acceptance",
+)  # what a conformance check exercises
 
 
 def is_reference(backend: Backend) -> bool:

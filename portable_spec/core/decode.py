@@ -73,6 +73,7 @@ class DecodeStats:
     drafter_passes: int = 0
     emitted_per_round: list[int] = field(default_factory=list)  # accepted + 1, per active request per round
     drafts_verified: int = 0  # draft slots the target scored, over active requests (< rounds x n when cut)
+    accepted_by_request: list[list[int]] = field(default_factory=list)  # per request, accepted drafts per round
     seconds: float = 0.0
 
     @property
@@ -227,7 +228,10 @@ class SpeculativeDecoder:
         anchor = verify_op(last, last.new_zeros(batch, 0, dtype=torch.int64), sampling, noise).next_token
         outputs = [[int(t)] for t in anchor]
         active = torch.tensor([not self._finish(out, config) for out in outputs], device=device)
-        return _DecodeState(config, sampling, ids, layout, cache, context, anchor, lengths.clone(), outputs, active)
+        stats = DecodeStats(accepted_by_request=[[] for _ in prompts])
+        return _DecodeState(
+            config, sampling, ids, layout, cache, context, anchor, lengths.clone(), outputs, active, stats
+        )
 
     def _round(self, state: "_DecodeState"):
         """Draft after each anchor, score [anchor, drafts] in one target pass, verify: (result, chain positions,
@@ -270,6 +274,7 @@ class SpeculativeDecoder:
         for row in state.active.nonzero()[:, 0].tolist():
             accepted = int(result.accepted_len[row])
             state.stats.emitted_per_round.append(accepted + 1)
+            state.stats.accepted_by_request[row].append(accepted)
             state.stats.drafts_verified += int(round_drafts[row]) if round_drafts is not None else n
             state.outputs[row].extend(result.output_tokens[row, : accepted + 1].tolist())
             state.active[row] = not self._finish(state.outputs[row], state.config)

@@ -45,6 +45,17 @@ class TargetModel:
     def fingerprint(self) -> str:
         return target_fingerprint(self.model.get_input_embeddings().weight, self.model.get_output_embeddings().weight)
 
+    def binding(self, model_id: str | None = None) -> dict:
+        """The `target` fields of a drafter config bound to this model (spec.TargetBinding)."""
+        return {
+            "model_id": model_id or self.model_id,
+            "architecture": type(self.model).__name__,
+            "hidden_size": self.config.hidden_size,
+            "num_hidden_layers": self.config.num_hidden_layers,
+            "vocab_size": self.model.get_input_embeddings().weight.shape[0],
+            "fingerprint": self.fingerprint,
+        }
+
     def shared_modules(self) -> SharedTargetModules:
         return SharedTargetModules(self.model.get_input_embeddings(), self.model.get_output_embeddings())
 
@@ -130,13 +141,6 @@ def drafter_config_for(
             "mask_token_id": mask_token_id,
             **({"draft_vocab_size": draft_vocab_size} if draft_vocab_size is not None else {}),
             "target_layer_ids": target_layer_ids,
-            "target": {
-                "model_id": model_id or target.model_id,
-                "architecture": type(target.model).__name__,
-                "hidden_size": t.hidden_size,
-                "num_hidden_layers": t.num_hidden_layers,
-                "vocab_size": target.model.get_input_embeddings().weight.shape[0],
-                "fingerprint": target.fingerprint,
-            },
+            "target": target.binding(model_id),
         }
     )
