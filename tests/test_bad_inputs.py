@@ -442,6 +442,65 @@ CASES = [
         expect=r"holds another training run .*variant: saved .*depth_causal.*asked .*parallel",
     ),
     Case("resume training with another --lr", api=_api_resume_other_lr, expect=r"lr: saved 0\.002, asked 0\.0001"),
+    *(
+        Case(
+            f"import an upstream drafter with {what}",
+            ("import", f"{{{name}}}", "{out}", "--target", "{target}"),
+            expect=expect,
+        )
+        for name, what, expect in (
+            (
+                "up_sliding",
+                "sliding-window layers",
+                r"layer_types = .*sliding_attention.*portable drafters attend fully",
+            ),
+            (
+                "up_causal",
+                "a causal block (dflash_config.causal)",
+                r"dflash_config\.causal = true has no portable equivalent",
+            ),
+            ("up_dflash2", "a DFlash2 architecture", r"architectures = \[\"DFlash2DraftModel\"\] is DFlash2"),
+            ("up_unknown_key", "an unknown dflash_config switch", r"dflash_config\.gate_mode = .*not a DFlash switch"),
+            (
+                "up_scaled",
+                "a logit scale (output_multiplier 2)",
+                r"output_multiplier = 2\.0 has no portable equivalent",
+            ),
+            ("up_mask_pickle", "a pickled mask_embedding.pt", r"mask_embedding\.pt: .*pickles are never loaded"),
+            ("up_pickle_only", "only pytorch_model.bin", r"only pickled weights \(pytorch_model\.bin\)"),
+            ("up_no_layer_ids", "no dflash_config.target_layer_ids", r"dflash_config\.target_layer_ids is missing"),
+            ("up_other_vocab", "another vocabulary size", r"vocab_size=4096 differs from target\.vocab_size=2048"),
+            ("up_other_depth", "num_target_layers of another target", r"num_target_layers = 28, the target .* has 4"),
+            ("up_own_embedding", "its own embed_tokens", r"embed_tokens\.weight \(2048, 256\) is not the target's"),
+            (
+                "up_missing_weight",
+                "a missing layer weight",
+                r"weights do not match config .*missing \['layers\.1\.mlp\.up_proj",
+            ),
+            ("up_dspark", "speculators_model_type dspark", r"speculators_model_type = \"dspark\" is not dflash"),
+            (
+                "up_aux_out_of_range",
+                "aux layer ids past the target",
+                r"target_layer_ids=\[0, 1, 9\] must lie in \[0, 2\]",
+            ),
+            ("par", "a portable checkpoint", r"already a portable-spec checkpoint"),
+        )
+    ),
+    Case(
+        "import into the upstream directory itself",
+        ("import", "{up_zlab}", "{up_zlab}/portable", "--target", "{target}"),
+        expect=r"output .*portable is inside the input",
+    ),
+    Case(
+        "import with a --layout the config contradicts",
+        ("import", "{up_zlab}", "{out}", "--target", "{target}", "--layout", "speculators"),
+        expect=r"layout=speculators given, but config\.json is in the zlab layout",
+    ),
+    Case(
+        "export speculators of a depth_causal drafter",
+        ("export", "speculators", "{dc}", "{out}"),
+        expect=r"variant=depth_causal cannot be expressed in the speculators format",
+    ),
     Case(
         "resume training from a corrupt trainer_state.json",
         api=_api_resume_corrupt,
@@ -547,11 +606,73 @@ def built(tmp_path_factory) -> dict[str, Path]:
     paths["huge_header_target"] = huge_header
     (root / "loop").symlink_to(root / "loop")
     paths["loop"] = root / "loop"
+    paths.update(_upstream_inputs(root / "upstream", par))
     foreign = _copy_drafter(dc, root / "foreign_drafter")
     config = json.loads((foreign / "config.json").read_text())
     config["target"]["fingerprint"] = "sha256:" + "0" * 64  # well-formed, another target's
     (foreign / "config.json").write_text(json.dumps(config))
     paths["foreign_drafter"] = foreign
+    return paths
+
+
+def _upstream_inputs(root: Path, parallel: Path) -> dict[str, Path]:
+    """The parallel fixture in upstream layouts, each damaged one way (conformance/upstream_layouts.py writes them
+    as z-lab/dflash and speculators do)."""
+    from portable_spec.conformance.upstream_layouts import shape_of_portable, write_upstream
+    from portable_spec.core.spec import read_config
+
+    shape, weights = shape_of_portable(read_config(parallel)), _read(parallel / "model.safetensors")
+
+    def config_change(**change):
+        return lambda d: (d / "config.json").write_text(
+            json.dumps({**json.loads((d / "config.json").read_text()), **change})
+        )
+
+    def dflash_change(**change):
+        def edit(d):
+            config = json.loads((d / "config.json").read_text())
+            config["dflash_config"].update(change)
+            (d / "config.json").write_text(json.dumps(config))
+
+        return edit
+
+    def drop_layer_ids(d):
+        config = json.loads((d / "config.json").read_text())
+        del config["dflash_config"]["target_layer_ids"]
+        (d / "config.json").write_text(json.dumps(config))
+
+    def weights_change(change):
+        return lambda d: save_file(change(dict(weights)), d / "model.safetensors", metadata={"format": "pt"})
+
+    zlab = {
+        "up_zlab": lambda d: None,
+        "up_sliding": config_change(layer_types=["sliding_attention", "full_attention"], sliding_window=64),
+        "up_causal": dflash_change(causal=True),
+        "up_dflash2": config_change(architectures=["DFlash2DraftModel"]),
+        "up_unknown_key": dflash_change(gate_mode="sigmoid"),
+        "up_scaled": dflash_change(output_multiplier=2.0),
+        "up_mask_pickle": lambda d: torch.save(torch.zeros(256), d / "mask_embedding.pt"),
+        "up_pickle_only": lambda d: (
+            torch.save(weights, d / "pytorch_model.bin"),
+            (d / "model.safetensors").unlink(),
+        ),
+        "up_no_layer_ids": drop_layer_ids,
+        "up_other_vocab": config_change(vocab_size=4096),
+        "up_other_depth": config_change(num_target_layers=28),
+        "up_own_embedding": weights_change(lambda w: {**w, "embed_tokens.weight": torch.randn(2048, 256)}),
+        "up_missing_weight": weights_change(
+            lambda w: {k: v for k, v in w.items() if k != "layers.1.mlp.up_proj.weight"}
+        ),
+    }
+    speculators = {
+        "up_dspark": config_change(speculators_model_type="dspark"),
+        "up_aux_out_of_range": config_change(aux_hidden_state_layer_ids=[1, 2, 10]),
+    }
+    paths = {}
+    for layout, damages in (("zlab", zlab), ("speculators", speculators)):
+        for name, damage in damages.items():
+            damage(write_upstream(layout, root / name, shape, weights))
+            paths[name] = root / name
     return paths
 
 

@@ -1,7 +1,8 @@
-"""portable-spec export: `export onnx DRAFTER OUT --target T` and `export trtllm DRAFTER OUT --target T`.
+"""portable-spec export: `export onnx|trtllm DRAFTER OUT --target T` and `export speculators DRAFTER OUT`.
 
-Both bind the drafter to its target (the graph embeds the target's embedding and LM head), check every
-option before loading anything, and write OUT atomically: on any error no OUT directory is left behind.
+onnx and trtllm bind the drafter to its target (the graph embeds the target's embedding and LM head); speculators
+writes vLLM speculators' DFlash layout (parallel drafters only). Every option is checked before anything loads,
+and OUT is written atomically: on any error no OUT directory is left behind.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help="Replace OUT even if it holds files portable-spec did not write (never an input).",
         )
     onnx.add_argument("--no-verify", action="store_true", help="Skip the onnxruntime-vs-torch check after export.")
+    speculators = formats.add_parser("speculators", help="vLLM speculators' DFlash layout (parallel drafters).")
+    speculators.add_argument("drafter", help="Portable parallel drafter checkpoint directory.")
+    speculators.add_argument("out", help="Output directory: new, empty, or a previous speculators export.")
+    speculators.add_argument("--target", help="Target directory; needed for a draft vocabulary (its head rows).")
+    speculators.add_argument("--force", action="store_true", help="Replace OUT even if portable-spec did not write it.")
     trtllm.add_argument("--trtllm-version", help="Target TensorRT-LLM version (default: the installed one).")
     trtllm.add_argument(
         "--route",
@@ -58,6 +64,16 @@ def run(args: argparse.Namespace) -> int:
             f"wrote {out}: {manifest['variant']} drafter, block_size={manifest['block_size']}, opset={args.opset}"
             + (f", onnxruntime vs torch max abs logits error {error:.2e}" if error is not None else "")
             + f" ({time.perf_counter() - start:.1f}s)"
+        )
+        return 0
+
+    if args.format == "speculators":
+        from portable_spec.adapters.upstream.speculators import export_speculators
+
+        out = export_speculators(args.drafter, args.out, args.target, args.force)
+        print(
+            f"wrote {out}: speculators DFlash layout ({time.perf_counter() - start:.1f}s); serve with vLLM: "
+            f'speculative_config={{"model": "{out}"}}'
         )
         return 0
 

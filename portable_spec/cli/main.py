@@ -1,4 +1,5 @@
-"""`portable-spec` console script: each subcommand lives in portable_spec/cli/<name>.py.
+"""`portable-spec` console script: each subcommand lives in portable_spec/cli/<name>.py (`import`, a Python
+keyword, in import_checkpoint.py).
 
 The CLI is the top layer: it wires the core, adapters and conformance suite together; nothing imports it."""
 
@@ -22,9 +23,11 @@ COMMANDS = {
     "train": "Train a drafter for any HF causal LM: regenerate replies, cache features, train (resumable).",
     "check": "Validate a drafter checkpoint, optionally against a target.",
     "generate": "Generate text with a target and (optionally) a drafter.",
-    "export": "Export a drafter: `export onnx DRAFTER OUT` or `export trtllm DRAFTER OUT`.",
+    "import": "Import an upstream DFlash drafter (z-lab/dflash, SpecForge, speculators) bound to its target.",
+    "export": "Export a drafter: `export onnx|trtllm|speculators DRAFTER OUT`.",
     "conformance": "Run the cross-backend conformance suite and write docs/conformance.md.",
 }
+MODULES = {"import": "import_checkpoint"}  # commands whose module is not named after them
 
 
 def _os_fix(error: OSError) -> str:
@@ -58,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="Show the full traceback of an error.")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, help_text in COMMANDS.items():
-        module = importlib.import_module(f"portable_spec.cli.{name.replace('-', '_')}")
+        module = importlib.import_module(f"portable_spec.cli.{MODULES.get(name, name.replace('-', '_'))}")
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
         module.add_arguments(sub)
         sub.set_defaults(handler=module.run)

@@ -1,0 +1,280 @@
+"""The DFlash checkpoint layouts other toolchains write, read into portable drafter fields.
+
+Three layouts, from their public source:
+- zlab: z-lab/dflash's `DFlashDraftModel` (a transformers Qwen3 model): Qwen3 config keys, `block_size` at the top,
+  `dflash_config {target_layer_ids, mask_token_id}`; `target_layer_ids` i means HF `output_hidden_states[i + 1]`
+  (dflash/model.py `extract_context_feature`, offset 1): our convention, taken as is.
+- specforge: SpecForge's `DFlashDraftModel` (specforge/modeling/draft/dflash.py): the same keys, `block_size` at the
+  top or in `dflash_config`, plus `attention_mode` and other switches in `dflash_config`.
+- speculators: vLLM's speculators library (`speculators_model_type: dflash`): the layer config nested in
+  `transformer_layer_config`, `aux_hidden_state_layer_ids` counted one higher (vLLM's speculators loader maps
+  `target_layer_ids = [i - 1 for i in aux_hidden_state_layer_ids]`), a reduced draft vocabulary as `d2t`/`t2d`
+  plus its own `lm_head`.
+
+All three hold the same weights under the same names (`fc`, `hidden_norm`, `layers.*`, `norm`); the target-side
+tensors some of them ship (`embed_tokens`, `lm_head`, `t2d`, speculators' frozen `verifier_*` copies) are set aside
+for the importer to check against the target. Whatever has no portable equivalent (sliding windows, causal or
+DFlash2 blocks, logit scales, fused-layer variants, pickled files) is refused by name.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from portable_spec.core.spec import SpecError, is_drafter_config, read_json_object
+
+LAYOUTS = ("zlab", "specforge", "speculators")
+TARGET_SIDE = ("embed_tokens.weight", "lm_head.weight", "t2d", "verifier_norm.weight", "verifier_lm_head.weight")
+PICKLES = ("pytorch_model.bin", "mask_embedding.pt", "model.pt", "training_args.bin")
+
+# Switches the upstream drafters read and what each must be for the drafter to be plain DFlash (our `parallel`).
+# A key missing, or holding one of these values, is fine; any other value has no portable equivalent.
+NEUTRAL = {
+    "input_embedding_scale": (1, 1.0),
+    "output_multiplier": (1, 1.0),
+    "logit_scale": (1, 1.0),
+    "final_logit_softcapping": (None, 0, 0.0),
+    "attention_value_scale": (None, 1, 1.0),
+    "sample_from_anchor": (False,),
+    "use_swa": (False,),
+    "causal": (None, False),
+    "is_causal": (None, False),
+    "projector_type": (None, "dflash"),
+    "fusion_mode": (None,),
+    "heterogeneous_kv": (False,),
+    "add_swa_attention_sink_bias": (False,),
+    "use_aux_hidden_state": (True,),
+    "shift_label": (None, False),
+    "attention_mode": ("gqa", "mha"),
+    "attention_modes": (None,),
+    "conv_kernel_size": (None,),
+    "conv_group_size": (None,),
+    "selector_rank": (None,),
+    "selector_top_k": (None,),
+    "rope_scaling": (None,),
+}
+DFLASH_CONFIG_KEYS = {"target_layer_ids", "mask_token_id", "block_size", "num_target_layers", "target_hidden_size"}
+
+
+@dataclass(frozen=True)
+class UpstreamDrafter:
+    """An upstream checkpoint read and checked on its own (no target loaded yet)."""
+
+    layout: str
+    fields: dict  # portable DrafterConfig fields, all but `variant` and `target`
+    weights: dict[str, torch.Tensor]  # drafter-owned, under portable names (d2t kept for a draft vocabulary)
+    target_side: dict[str, torch.Tensor]  # tensors the target owns, for the importer to check
+    num_target_layers: int | None  # what the checkpoint says its target has, if it says
+    verifier: str | None = None  # the target the checkpoint names, if any
+
+
+def _refuse(source: str, key: str, value, fix: str) -> SpecError:
+    return SpecError(f"{source}: {key} = {json.dumps(value)} {fix}")
+
+
+def _check_neutral(values: dict, source: str, prefix: str = "") -> None:
+    for key, allowed in NEUTRAL.items():
+        if key in values and values[key] not in allowed:
+            raise _refuse(
+                source,
+                prefix + key,
+                values[key],
+                f"has no portable equivalent (portable drafters are plain DFlash here: {key} must be one of "
+                f"{', '.join(map(json.dumps, allowed))}); this checkpoint cannot be imported",
+            )
+
+
+def _required(values: dict, key: str, source: str, where: str = ""):
+    if values.get(key) is None:
+        raise SpecError(f"{source}: {where}{key} is missing; an upstream DFlash checkpoint must set it")
+    return values[key]
+
+
+def layer_fields(values: dict, source: str, prefix: str = "") -> dict:
+    """The drafter's layer shapes from a Qwen3-style config dict (z-lab/SpecForge top level, speculators'
+    transformer_layer_config), refusing what the portable drafter's Qwen3 layers cannot run."""
+    model_type = values.get("model_type", "qwen3")
+    if model_type != "qwen3":
+        raise _refuse(source, prefix + "model_type", model_type, "is not qwen3: DFlash drafters are Qwen3 layers")
+    if values.get("hidden_act", "silu") != "silu":
+        raise _refuse(source, prefix + "hidden_act", values["hidden_act"], "is not silu (the drafter's SwiGLU MLP)")
+    if values.get("attention_bias"):
+        raise _refuse(source, prefix + "attention_bias", True, "is not supported (portable layers have no biases)")
+    layer_types = values.get("layer_types") or []
+    if any(kind != "full_attention" for kind in layer_types):
+        raise _refuse(
+            source, prefix + "layer_types", layer_types, "has sliding-window layers; portable drafters attend fully"
+        )
+    _check_neutral(values, source, prefix)
+    rope = values.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise _refuse(source, prefix + "rope_parameters.rope_type", rope["rope_type"], "is not default rotary")
+    rope_theta = values.get("rope_theta", rope.get("rope_theta", 10000.0))
+    hidden, heads = _required(values, "hidden_size", source, prefix), _required(values, "num_attention_heads", source)
+    return {
+        "num_hidden_layers": _required(values, "num_hidden_layers", source, prefix),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": values.get("num_key_value_heads") or heads,
+        "head_dim": values.get("head_dim") or hidden // heads,
+        "intermediate_size": _required(values, "intermediate_size", source, prefix),
+        "rms_norm_eps": values.get("rms_norm_eps", 1e-6),
+        "rope_theta": float(rope_theta),
+        "vocab_size": _required(values, "vocab_size", source, prefix),
+    }
+
+
+def _hf_dflash(data: dict, source: str) -> tuple[str, dict, int | None]:
+    """z-lab / SpecForge: (layout, fields, num_target_layers)."""
+    architectures = data.get("architectures") or []
+    if any(name.startswith("DFlash2") for name in architectures):
+        raise _refuse(
+            source, "architectures", architectures, "is DFlash2 (convolutions, candidate selector): no portable kind"
+        )
+    dflash = data.get("dflash_config") or {}
+    if not isinstance(dflash, dict):
+        raise _refuse(source, "dflash_config", dflash, "must be an object")
+    unknown = sorted(set(dflash) - DFLASH_CONFIG_KEYS - set(NEUTRAL))
+    if unknown:
+        raise _refuse(
+            source,
+            f"dflash_config.{unknown[0]}",
+            dflash[unknown[0]],
+            f"is not a DFlash switch portable-spec knows ({', '.join(sorted(DFLASH_CONFIG_KEYS | set(NEUTRAL)))}); "
+            "this checkpoint cannot be imported",
+        )
+    _check_neutral(dflash, source, "dflash_config.")
+    fields = layer_fields(data, source)
+    target_hidden = dflash.get("target_hidden_size", data.get("target_hidden_size"))
+    if target_hidden not in (None, fields["hidden_size"]):
+        raise _refuse(source, "target_hidden_size", target_hidden, "differs from hidden_size (no input projection)")
+    layer_ids = dflash.get("target_layer_ids", data.get("target_layer_ids"))
+    if layer_ids is None:
+        raise SpecError(f"{source}: dflash_config.target_layer_ids is missing; an upstream DFlash checkpoint sets it")
+    if not (isinstance(layer_ids, list) and all(isinstance(i, int) for i in layer_ids)):
+        raise _refuse(source, "dflash_config.target_layer_ids", layer_ids, "must be a flat list of layer ids")
+    block_size = data.get("block_size", dflash.get("block_size"))
+    if block_size is None:
+        raise SpecError(f"{source}: block_size is missing (neither at the top level nor in dflash_config)")
+    mask_token_id = dflash.get("mask_token_id", data.get("mask_token_id"))
+    if mask_token_id is None:
+        raise SpecError(f"{source}: dflash_config.mask_token_id is missing; an upstream DFlash checkpoint sets it")
+    fields.update(block_size=block_size, target_layer_ids=layer_ids, mask_token_id=mask_token_id)
+    layout = "zlab" if "block_size" in data and "attention_mode" not in dflash else "specforge"
+    return layout, fields, dflash.get("num_target_layers", data.get("num_target_layers"))
+
+
+def _speculators(data: dict, source: str) -> tuple[dict, str | None]:
+    """vLLM speculators: (fields, verifier name)."""
+    kind = data.get("speculators_model_type")
+    if kind != "dflash":
+        raise _refuse(source, "speculators_model_type", kind, "is not dflash: only DFlash speculators import")
+    _check_neutral(data, source)
+    layer_config = data.get("transformer_layer_config")
+    if not isinstance(layer_config, dict):
+        raise SpecError(f"{source}: transformer_layer_config is missing or not an object")
+    fields = layer_fields(layer_config, source, "transformer_layer_config.")
+    target_hidden = data.get("target_hidden_size")
+    if target_hidden not in (None, fields["hidden_size"]):
+        raise _refuse(source, "target_hidden_size", target_hidden, "differs from hidden_size (no input projection)")
+    aux_ids = _required(data, "aux_hidden_state_layer_ids", source)
+    if not (isinstance(aux_ids, list) and all(isinstance(i, int) for i in aux_ids)):
+        raise _refuse(source, "aux_hidden_state_layer_ids", aux_ids, "must be a flat list of layer ids")
+    draft_vocab = data.get("draft_vocab_size")
+    fields.update(
+        block_size=data.get("block_size", 8),  # speculators' default
+        target_layer_ids=[i - 1 for i in aux_ids],  # speculators counts HF hidden_states indices (vLLM #40727)
+        mask_token_id=_required(data, "mask_token_id", source),
+    )
+    if draft_vocab is not None and draft_vocab != fields["vocab_size"]:
+        fields["draft_vocab_size"] = draft_vocab
+    verifier = (data.get("speculators_config") or {}).get("verifier") or {}
+    return fields, verifier.get("name_or_path")
+
+
+def _weight_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = read_json_object(index, "re-save the checkpoint").get("weight_map") or {}
+        return [path / name for name in sorted(set(weight_map.values()))]
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    pickled = [name for name in PICKLES if (path / name).exists()]
+    if pickled:
+        raise SpecError(
+            f"{path}: only pickled weights ({', '.join(pickled)}); pickles are never loaded: re-save the drafter "
+            "with safetensors (model.save_pretrained(dir, safe_serialization=True)) and import that"
+        )
+    raise SpecError(f"{path}: no model.safetensors (or model.safetensors.index.json) beside config.json")
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    weights: dict[str, torch.Tensor] = {}
+    for file in _weight_files(path):
+        try:
+            weights.update(load_file(str(file)))
+        except (SafetensorError, OSError, ValueError) as error:
+            raise SpecError(f"{file}: not a readable safetensors file ({error})") from None
+    if weights and all(name.startswith("model.") for name in weights if name not in ("lm_head.weight", "d2t", "t2d")):
+        weights = {name.removeprefix("model."): tensor for name, tensor in weights.items()}
+    return weights
+
+
+def detect_layout(data: dict) -> str | None:
+    """Which upstream layout a config.json object is in (zlab and specforge are told apart by read_upstream)."""
+    if "speculators_model_type" in data:
+        return "speculators"
+    architectures = data.get("architectures") or []
+    if "dflash_config" in data or any(str(name).startswith("DFlash") for name in architectures):
+        return "dflash"
+    return None
+
+
+def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
+    """An upstream DFlash checkpoint directory, read and checked without its target; one SpecError otherwise."""
+    path = Path(path)
+    if layout not in ("auto", *LAYOUTS):
+        raise SpecError(f"layout={layout!r} is unknown; valid options: auto, {', '.join(LAYOUTS)}")
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise SpecError(f"{config_file}: not found; an upstream DFlash checkpoint is a directory with config.json")
+    data = read_json_object(config_file, "it is not a checkpoint config")
+    source = str(config_file)
+    if is_drafter_config(data):
+        raise SpecError(f"{path}: already a portable-spec checkpoint; use it as it is (nothing to import)")
+    family = detect_layout(data)
+    if family is None:
+        raise SpecError(
+            f"{source}: not a DFlash checkpoint (architectures={data.get('architectures')}, no dflash_config or "
+            "speculators_model_type); import reads z-lab/dflash, SpecForge and speculators DFlash drafters"
+        )
+    verifier = None
+    if family == "speculators":
+        fields, verifier = _speculators(data, source)
+        found, num_target_layers = "speculators", None
+    else:
+        found, fields, num_target_layers = _hf_dflash(data, source)
+    if layout != "auto" and layout != found and {layout, found} != {"zlab", "specforge"}:
+        raise SpecError(f"{path}: layout={layout} given, but config.json is in the {found} layout; pass --layout auto")
+    if (path / "mask_embedding.pt").exists():
+        raise SpecError(
+            f"{path / 'mask_embedding.pt'}: a separately trained mask embedding, pickled; pickles are never loaded "
+            "and portable drafters embed the mask token with the target's embedding: this checkpoint cannot be imported"
+        )
+    weights = _read_weights(path)
+    target_side = {name: weights.pop(name) for name in TARGET_SIDE if name in weights}
+    if "d2t" in weights and "draft_vocab_size" not in fields:
+        fields["draft_vocab_size"] = int(weights["d2t"].shape[0])
+    if fields.get("draft_vocab_size") is not None and "d2t" not in weights:
+        raise SpecError(
+            f"{path}: draft_vocab_size={fields['draft_vocab_size']} but no d2t tensor maps draft ids to target ids"
+        )
+    found = layout if layout != "auto" else found
+    return UpstreamDrafter(found, fields, weights, target_side, num_target_layers, verifier)

@@ -1,0 +1,95 @@
+"""`portable-spec export speculators`: a portable parallel drafter in vLLM speculators' DFlash layout, for users who
+keep that toolchain (vLLM reads it with `speculative_config={"model": OUT}` and no method).
+
+Only `parallel` is expressible: speculators' DFlash has no shift-mix and attends bidirectionally in the block, so
+depth_causal (and the multi-pass autoregressive baseline) is refused with the way to serve it instead.
+`sliding_window_non_causal` is written true: speculators reads it for sliding-window layers only (its full-attention
+layers are always bidirectional), but vLLM 0.32 turns its default, false, into a causal block for every layer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from portable_spec.core.checkpoint import load_drafter_files
+from portable_spec.core.outputs import check_output_dir, write_dir_atomically
+from portable_spec.core.spec import SpecError
+from portable_spec.core.target import TargetModel
+
+KIND = "speculators-export"
+LAYER_FIELDS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "vocab_size",
+)
+
+
+def speculators_config(config) -> dict:
+    """config.json of the speculators layout for a portable parallel drafter config."""
+    layer = {name: getattr(config, name) for name in LAYER_FIELDS} | {
+        "model_type": "qwen3",
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 32768,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        "layer_types": ["full_attention"] * config.num_hidden_layers,
+    }
+    return {
+        "architectures": ["DFlashSpeculator"],
+        "speculators_model_type": "dflash",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": config.scored_vocab_size,
+        "block_size": config.block_size,
+        "aux_hidden_state_layer_ids": [i + 1 for i in config.target_layer_ids],  # HF hidden_states indices
+        "mask_token_id": config.mask_token_id,
+        "sliding_window_non_causal": True,
+        "projector_type": "dflash",
+        "speculators_config": {
+            "algorithm": "dflash",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": config.block_size - 1}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": config.target.model_id, "architectures": [config.target.architecture]},
+        },
+    }
+
+
+def export_speculators(drafter_dir: Path, out: Path, target_dir: Path | None = None, force: bool = False) -> Path:
+    """Write `out`; a draft vocabulary also needs the target (speculators ships the draft head's rows)."""
+    drafter_dir, out = Path(drafter_dir), Path(out)
+    config, weights = load_drafter_files(drafter_dir)
+    if config.kind != "parallel":
+        raise SpecError(
+            f"{drafter_dir}: variant={config.kind} cannot be expressed in the speculators format (its DFlash has no "
+            "shift-mix and a bidirectional block); serve it through portable-spec's vLLM plugin instead: "
+            f'speculative_config={{"method": "dflash", "model": "{drafter_dir}"}}'
+        )
+    if config.draft_vocab_size is not None and target_dir is None:
+        raise SpecError(
+            f"{drafter_dir}: draft_vocab_size={config.draft_vocab_size}: speculators ships the draft head's rows, "
+            "so pass --target TARGET to read them from the target"
+        )
+    check_output_dir(out, KIND, inputs=(drafter_dir, target_dir), force=force)
+    if config.draft_vocab_size is not None:
+        target = TargetModel.load(target_dir)
+        target.check_drafter(config)
+        rows = torch.arange(config.draft_vocab_size) + weights["d2t"].to(torch.int64)
+        head = target.model.get_output_embeddings().weight.detach().cpu()
+        weights["lm_head.weight"] = head[rows].to(weights["fc.weight"].dtype)
+        weights["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool).index_fill_(0, rows, True)
+
+    def write(tmp: Path) -> None:
+        (tmp / "config.json").write_text(json.dumps(speculators_config(config), indent=2) + "\n")
+        tensors = {name: tensor.contiguous() for name, tensor in weights.items()}
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+
+    return write_dir_atomically(out, write, kind=KIND, force=force)

@@ -1,0 +1,34 @@
+"""portable-spec import: `import SOURCE OUT --target T` reads a DFlash drafter in an upstream layout (z-lab/dflash,
+SpecForge, vLLM speculators), binds it to the target and writes a portable checkpoint every backend loads."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="Upstream drafter directory: config.json + model.safetensors.")
+    parser.add_argument("out", help="Output directory for the portable checkpoint (new, empty, or a drafter).")
+    parser.add_argument("--target", required=True, help="Target model directory the drafter is for.")
+    parser.add_argument(
+        "--layout", default="auto", help="zlab | specforge | speculators; default auto: what config.json says."
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="Replace OUT even if it holds files portable-spec did not write."
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from portable_spec.adapters.upstream.importer import import_drafter
+
+    start = time.perf_counter()
+    result = import_drafter(args.source, args.target, args.out, args.layout, args.force)
+    config = result.config
+    vocab = f", draft vocabulary {config.draft_vocab_size}" if config.draft_vocab_size else ""
+    print(
+        f"wrote {result.out}: {result.layout} DFlash drafter as a portable {config.kind} drafter, "
+        f"block_size={config.block_size}, {config.num_hidden_layers} layers, target_layer_ids="
+        f"{config.target_layer_ids}{vocab}, bound to {args.target} ({time.perf_counter() - start:.1f}s)"
+    )
+    return 0

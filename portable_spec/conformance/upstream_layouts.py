@@ -1,0 +1,127 @@
+"""Checkpoints written the way z-lab/dflash, SpecForge and vLLM's speculators write a DFlash drafter, for the
+import checks. Independent of portable-spec's own writers: each config comes from transformers' `Qwen3Config`
+(what those projects' draft models are built on) plus the keys each project's source adds, so a mistake in the
+importer or the exporter cannot be mirrored here.
+
+- zlab: z-lab/dflash `DFlashDraftModel.save_pretrained`: Qwen3 keys, top-level `block_size`, `num_target_layers`,
+  `dflash_config {target_layer_ids, mask_token_id}`, `auto_map`.
+- specforge: SpecForge's `DFlashDraftModel`: `block_size` inside `dflash_config`, with `attention_mode: gqa`.
+- speculators: `DFlashSpeculatorConfig` as its trainer saves it (`from_training_args`): `transformer_layer_config`
+  as `Qwen3Config.to_diff_dict()`, `aux_hidden_state_layer_ids` = HF hidden-state indices (target_layer_ids + 1),
+  the trainer's defaults (`sliding_window_non_causal: false`, `projector_type: dflash`), `speculators_config` with
+  one greedy proposal of `block_size - 1` tokens and the verifier.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+UPSTREAM_LAYOUTS = ("zlab", "specforge", "speculators")
+
+
+@dataclass(frozen=True)
+class DFlashShape:
+    """What an upstream DFlash drafter is made of, in upstream terms."""
+
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    vocab_size: int
+    block_size: int
+    target_layer_ids: list[int]  # HF output_hidden_states[i + 1], z-lab's convention
+    mask_token_id: int
+    num_target_layers: int
+    verifier: str
+    verifier_architecture: str
+
+
+def _qwen3_config(shape: DFlashShape):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        num_hidden_layers=shape.num_hidden_layers,
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        head_dim=shape.head_dim,
+        intermediate_size=shape.intermediate_size,
+        rms_norm_eps=shape.rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
+        vocab_size=shape.vocab_size,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+    )
+
+
+def write_upstream(layout: str, out: Path, shape: DFlashShape, weights: dict[str, torch.Tensor]) -> Path:
+    """`out` holding config.json + model.safetensors as `layout`'s project writes them (weights: DFlash names)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = _qwen3_config(shape)
+    if layout in ("zlab", "specforge"):
+        config.architectures = ["DFlashDraftModel"]
+        dflash = {"target_layer_ids": list(shape.target_layer_ids), "mask_token_id": shape.mask_token_id}
+        if layout == "zlab":
+            config.block_size = shape.block_size
+            config.num_target_layers = shape.num_target_layers
+            config.auto_map = {"AutoModel": "dflash.DFlashDraftModel"}
+        else:
+            dflash.update(block_size=shape.block_size, attention_mode="gqa")
+        config.dflash_config = dflash
+        config.save_pretrained(out)
+    elif layout == "speculators":
+        data = {
+            "architectures": ["DFlashSpeculator"],
+            "speculators_model_type": "dflash",
+            "speculators_version": "0.3.0",
+            "transformer_layer_config": config.to_diff_dict(),
+            "draft_vocab_size": shape.vocab_size,
+            "block_size": shape.block_size,
+            "target_hidden_size": None,
+            "aux_hidden_state_layer_ids": [i + 1 for i in shape.target_layer_ids],
+            "mask_token_id": shape.mask_token_id,
+            "sliding_window_non_causal": False,
+            "projector_type": "dflash",
+            "speculators_config": {
+                "algorithm": "dflash",
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": shape.block_size - 1}],
+                "default_proposal_method": "greedy",
+                "verifier": {"name_or_path": shape.verifier, "architectures": [shape.verifier_architecture]},
+            },
+        }
+        (out / "config.json").write_text(json.dumps(data, indent=2) + "\n")
+    else:
+        raise ValueError(f"layout {layout!r}: one of {UPSTREAM_LAYOUTS}")
+    save_file({name: t.contiguous() for name, t in weights.items()}, str(out / "model.safetensors"), {"format": "pt"})
+    return out
+
+
+def shape_of_portable(config) -> DFlashShape:
+    """The upstream description of a portable parallel drafter (to lay the shipped fixture out upstream)."""
+    return DFlashShape(
+        num_hidden_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads,
+        head_dim=config.head_dim,
+        intermediate_size=config.intermediate_size,
+        rms_norm_eps=config.rms_norm_eps,
+        rope_theta=config.rope_theta,
+        vocab_size=config.vocab_size,
+        block_size=config.block_size,
+        target_layer_ids=list(config.target_layer_ids),
+        mask_token_id=config.mask_token_id,
+        num_target_layers=config.target.num_hidden_layers,
+        verifier=config.target.model_id,
+        verifier_architecture=config.target.architecture,
+    )

@@ -1,0 +1,116 @@
+"""Upstream DFlash checkpoints: z-lab/dflash, SpecForge and speculators layouts import exactly (written by
+conformance/upstream_layouts.py, independently of our writers), and `export speculators` round-trips. The import
+refusals are cases of tests/test_bad_inputs.py; tokens and acceptance through each backend are the conformance
+suite's import/* checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from portable_spec.adapters.upstream.importer import import_drafter
+from portable_spec.adapters.upstream.layouts import read_upstream
+from portable_spec.adapters.upstream.speculators import export_speculators
+from portable_spec.conformance.upstream_layouts import UPSTREAM_LAYOUTS, shape_of_portable, write_upstream
+from portable_spec.core import fixtures
+from portable_spec.core.checkpoint import load_drafter_files, save_drafter
+from portable_spec.core.spec import DrafterConfig, SpecError, read_config
+from portable_spec.core.target import TargetModel
+
+PARALLEL = fixtures.drafter_dir("parallel")
+TARGET = fixtures.target_dir()
+
+
+def _same_checkpoint(a, b) -> None:
+    """Same fields and weights; the binding's model_id is the verifier the checkpoint names, else the target path."""
+    (config_a, weights_a), (config_b, weights_b) = load_drafter_files(a), load_drafter_files(b)
+    unnamed = config_a.target.model_copy(update={"model_id": config_b.target.model_id})
+    assert config_a.model_copy(update={"target": unnamed}) == config_b
+    assert weights_a.keys() == weights_b.keys()
+    assert all(torch.equal(weights_a[name], weights_b[name]) for name in weights_a)
+
+
+@pytest.mark.parametrize("layout", UPSTREAM_LAYOUTS)
+def test_each_upstream_layout_imports_exactly(layout, tmp_path):
+    upstream = write_upstream(
+        layout,
+        tmp_path / layout,
+        shape_of_portable(read_config(PARALLEL)),
+        load_file(str(PARALLEL / "model.safetensors")),
+    )
+    assert read_upstream(upstream).layout == layout
+    result = import_drafter(upstream, TARGET, tmp_path / "imported")
+    _same_checkpoint(result.out, PARALLEL)  # the binding included: model_id is the verifier the checkpoint names
+
+
+def test_speculators_layer_ids_are_counted_one_higher(tmp_path):
+    upstream = write_upstream(
+        "speculators",
+        tmp_path / "s",
+        shape_of_portable(read_config(PARALLEL)),
+        load_file(str(PARALLEL / "model.safetensors")),
+    )
+    aux = json.loads((upstream / "config.json").read_text())["aux_hidden_state_layer_ids"]
+    assert (
+        read_upstream(upstream).fields["target_layer_ids"]
+        == [i - 1 for i in aux]
+        == read_config(PARALLEL).target_layer_ids
+    )
+
+
+def test_sharded_and_prefixed_weights_import(tmp_path):
+    """A sharded save (model.safetensors.index.json) whose names carry a `model.` prefix."""
+    upstream = write_upstream(
+        "zlab", tmp_path / "z", shape_of_portable(read_config(PARALLEL)), load_file(str(PARALLEL / "model.safetensors"))
+    )
+    weights = load_file(str(upstream / "model.safetensors"))
+    (upstream / "model.safetensors").unlink()
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in shards.items():
+        save_file({f"model.{name}": weights[name] for name in part}, str(upstream / file), {"format": "pt"})
+    index = {"weight_map": {f"model.{name}": file for file, part in shards.items() for name in part}}
+    (upstream / "model.safetensors.index.json").write_text(json.dumps(index))
+    _same_checkpoint(import_drafter(upstream, TARGET, tmp_path / "imported").out, PARALLEL)
+
+
+def test_speculators_export_round_trips(tmp_path):
+    out = export_speculators(PARALLEL, tmp_path / "spec")
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_model_type"] == "dflash" and config["sliding_window_non_causal"] is True
+    _same_checkpoint(import_drafter(out, TARGET, tmp_path / "back").out, PARALLEL)
+
+
+def _reduced_vocabulary(tmp_path):
+    """The parallel fixture with a 512-id draft vocabulary (EAGLE-3 layout: target id = draft id + d2t)."""
+    config, weights = load_drafter_files(PARALLEL)
+    ids = torch.randperm(config.vocab_size, generator=torch.Generator().manual_seed(0))[:512].sort().values
+    weights["d2t"] = ids - torch.arange(512)
+    reduced = DrafterConfig.model_validate({**config.model_dump(), "draft_vocab_size": 512})
+    return save_drafter(tmp_path / "reduced", reduced, weights), ids
+
+
+def test_draft_vocabulary_exports_its_head_rows_and_imports_back(tmp_path):
+    reduced, ids = _reduced_vocabulary(tmp_path)
+    with pytest.raises(SpecError, match="pass --target"):
+        export_speculators(reduced, tmp_path / "no-target")
+    out = export_speculators(reduced, tmp_path / "spec", TARGET)
+    weights = load_file(str(out / "model.safetensors"))
+    head = TargetModel.load(TARGET).model.get_output_embeddings().weight.detach()
+    assert torch.equal(weights["lm_head.weight"], head[ids])
+    assert weights["t2d"].nonzero()[:, 0].tolist() == ids.tolist()
+    _same_checkpoint(import_drafter(out, TARGET, tmp_path / "back").out, reduced)
+
+
+def test_a_head_that_is_not_the_targets_is_refused(tmp_path):
+    reduced, _ = _reduced_vocabulary(tmp_path)
+    out = export_speculators(reduced, tmp_path / "spec", TARGET)
+    weights = load_file(str(out / "model.safetensors"))
+    weights["lm_head.weight"] = weights["lm_head.weight"] + 1.0
+    save_file(weights, str(out / "model.safetensors"), {"format": "pt"})
+    with pytest.raises(SpecError, match=r"lm_head\.weight \(512, 256\) is not the target's rows at the draft ids"):
+        import_drafter(out, TARGET, tmp_path / "back")
+    assert not (tmp_path / "back").exists()
