@@ -10,19 +10,24 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
-from portable_spec.conformance.distribution import ALPHA, DRAWS, SAMPLING, distribution_fits
+from portable_spec.adapters.upstream.importer import import_drafter
+from portable_spec.conformance.distribution import ALPHA, DRAWS, SAMPLING, distribution_fits, two_sample_p_value
 from portable_spec.conformance.golden import GOLDEN_DIR, case_paths, load_case, to_tensors
+from portable_spec.conformance.upstream_layouts import UPSTREAM_LAYOUTS, shape_of_portable, write_upstream
 from portable_spec.conformance.workspace import CheckSkipped, Workspace, trained_fixture
-from portable_spec.core.backends import Backend, is_reference
+from portable_spec.core.backends import Acceptance, Backend, is_reference
 from portable_spec.core.decode import GenerationConfig
 from portable_spec.core.sampling import SamplingParams
 from portable_spec.core.spec import VARIANT_KINDS, read_config
 from portable_spec.core.testing import TINY_TARGET
+from portable_spec.core.variants import behaviour_of
 
 TOLERANCE = 1e-4  # logits and features: backends differ by float rounding (~1e-6), a wrong layer by O(1)
 TINY_GREEDY = GenerationConfig(max_new_tokens=24, num_draft_tokens=5)
@@ -34,6 +39,11 @@ TINY_SAMPLED = GenerationConfig(
 )
 HELDOUT_GREEDY = GenerationConfig(max_new_tokens=32, num_draft_tokens=7)
 HELDOUT_LENGTHS = (48, 40, 33, 45)  # ragged batch cut from the first held-out prompts
+SAMPLES = 1000  # independent requests per arm of the distribution checks
+DISTRIBUTION = GenerationConfig(
+    max_new_tokens=3, num_draft_tokens=1, seed=20261, sampling=SamplingParams(temperature=1.0, top_p=0.95)
+)
+COOLER = 0.85  # the wrong temperature the distribution checks must tell apart from DISTRIBUTION's (their power)
 
 
 class CheckFailed(AssertionError):
@@ -242,10 +252,14 @@ def _e2e_greedy_tiny(ctx: CheckContext, kind: str) -> None:
     )
 
 
+def _heldout_batch(kind: str) -> tuple[Path, Path, list[list[int]]]:
+    target, drafter, prompts = trained_fixture(kind)
+    return target, drafter, [prompt[:length] for prompt, length in zip(prompts, HELDOUT_LENGTHS)]
+
+
 def _e2e_greedy_heldout(ctx: CheckContext, kind: str) -> None:
     _kind_supported(ctx, kind)
-    target, drafter, prompts = trained_fixture(kind)
-    prompts = [prompt[:length] for prompt, length in zip(prompts, HELDOUT_LENGTHS)]
+    target, drafter, prompts = _heldout_batch(kind)
     _greedy_equal(ctx, target, drafter, prompts, _full_block(HELDOUT_GREEDY, drafter), "held-out prompts")
 
 
@@ -269,6 +283,97 @@ def _e2e_sampled_tiny(ctx: CheckContext, kind: str | None) -> None:
         sample(ctx.backend, 1234),
         reference,
     )
+
+
+# -- acceptance ------------------------------------------------------------------------------------
+def _reference_acceptance(ctx: CheckContext, target: Path, drafter: Path, prompts, config) -> Acceptance:
+    key = ("acceptance", str(target), str(drafter), tuple(map(tuple, prompts)), config)
+    return ctx.workspace.memo(key, lambda: ctx.workspace.reference.acceptance(target, drafter, prompts, config))
+
+
+def _same_acceptance(label: str, actual: Acceptance, expected: Acceptance) -> None:
+    """Tokens, drafting rounds and accepted drafts per position equal; per-request lengths too where both give
+    them (an engine that only counts gives the counters)."""
+    where = f"{label} (tau {actual.tau:.3f}, reference {expected.tau:.3f})"
+    _same(f"{where}: tokens", actual.tokens, expected.tokens)
+    _same(f"{where}: drafting rounds", [actual.rounds], [expected.rounds])
+    _same(f"{where}: accepted drafts per position", actual.accepted_per_position, expected.accepted_per_position)
+    if actual.accepted_by_request is not None and expected.accepted_by_request is not None:
+        _same(f"{where}: accepted length per round", actual.accepted_by_request, expected.accepted_by_request)
+
+
+def _acceptance_tiny(ctx: CheckContext, kind: str) -> None:
+    _kind_supported(ctx, kind)
+    target, drafter = ctx.workspace.tiny_target(), ctx.workspace.tiny_drafter(kind)
+    prompts, config = _tiny_prompts(), _full_block(TINY_GREEDY, drafter)
+    expected = _reference_acceptance(ctx, target, drafter, prompts, config)
+    _same_acceptance("tiny models", ctx.backend.acceptance(target, drafter, prompts, config), expected)
+
+
+def _acceptance_heldout(ctx: CheckContext, kind: str) -> None:
+    _kind_supported(ctx, kind)
+    target, drafter, prompts = _heldout_batch(kind)
+    config = _full_block(HELDOUT_GREEDY, drafter)
+    expected = _reference_acceptance(ctx, target, drafter, prompts, config)
+    if not sum(expected.accepted_per_position):
+        raise CheckFailed("the reference accepts no draft on these prompts: the comparison would prove nothing")
+    _same_acceptance("held-out prompts", ctx.backend.acceptance(target, drafter, prompts, config), expected)
+
+
+# -- sampled distribution --------------------------------------------------------------------------
+def _samples(ctx: CheckContext, target: Path, drafter: Path | None, temperature: float, seed: int) -> list[list[int]]:
+    prompt = trained_fixture("parallel")[2][0][:16]  # its next tokens are spread (the top one ~6% at T=1)
+    sampling = DISTRIBUTION.sampling.model_copy(update={"temperature": temperature})
+    config = DISTRIBUTION.model_copy(update={"seed": seed, "sampling": sampling})
+    if drafter is not None:  # the drafts that reach the 3 tokens; a bidirectional block must run whole
+        cut = behaviour_of(read_config(drafter).kind).cuttable
+        config = config.model_copy(update={"num_draft_tokens": 2}) if cut else _full_block(config, drafter)
+    key = ("samples", ctx.backend_name, str(drafter), temperature, seed)
+    return ctx.workspace.memo(key, lambda: ctx.backend.generate(target, drafter, [prompt] * SAMPLES, config))
+
+
+def _sampled_distribution(ctx: CheckContext, kind: str) -> None:
+    """Speculative samples vs the backend's own non-speculative samples (independent seeds), at the generated
+    positions a speculative round produces; and the same test must reject a wrong temperature (its power)."""
+    _kind_supported(ctx, kind)
+    target, drafter, _ = trained_fixture(kind)
+    temperature = DISTRIBUTION.sampling.temperature
+    plain = _samples(ctx, target, None, temperature, DISTRIBUTION.seed)
+    cooler = _samples(ctx, target, None, COOLER, DISTRIBUTION.seed + 1)
+    speculative = _samples(ctx, target, drafter, temperature, DISTRIBUTION.seed + 2)
+    positions = (1, 2)  # position 0 comes from the prompt pass, before any draft
+    power = [two_sample_p_value(cooler, plain, position) for position in positions]
+    if min(power) >= ALPHA:
+        raise CheckFailed(f"no power: T={COOLER} vs T={temperature} not told apart (p-values {power})")
+    same = [two_sample_p_value(speculative, plain, position) for position in positions]
+    if min(same) < ALPHA:
+        raise CheckFailed(
+            f"speculative tokens at positions {positions} do not follow the non-speculative distribution: "
+            f"p-values {[f'{p:.2g}' for p in same]} < {ALPHA:g}"
+        )
+
+
+# -- upstream checkpoints --------------------------------------------------------------------------
+def _upstream_import(ctx: CheckContext, layout: str) -> None:
+    """The shipped parallel drafter laid out as `layout` writes it: the backend runs that directory (or, if it does
+    not read the layout itself, its portable import) and must match the reference on the original drafter."""
+    target, original, prompts = _heldout_batch("parallel")
+    root = ctx.workspace.root
+
+    def lay_out() -> Path:
+        shape = shape_of_portable(read_config(original))
+        return write_upstream(
+            layout, root / f"upstream-{layout}", shape, load_file(str(original / "model.safetensors"))
+        )
+
+    upstream = ctx.workspace.memo(("upstream", layout), lay_out)
+    imported = ctx.workspace.memo(
+        ("imported", layout), lambda: import_drafter(upstream, target, root / f"imported-{layout}").out
+    )
+    drafter = upstream if ctx.backend.reads_layout(layout) else imported
+    config = _full_block(HELDOUT_GREEDY, original)
+    expected = _reference_acceptance(ctx, target, original, prompts, config)
+    _same_acceptance(f"{layout} checkpoint", ctx.backend.acceptance(target, drafter, prompts, config), expected)
 
 
 # -- the list --------------------------------------------------------------------------------------
@@ -339,6 +444,51 @@ def all_checks() -> list[Check]:
                 partial(_e2e_sampled_tiny, kind=kind),
                 "generate",
                 "reference",
+            )
+        )
+    for kind in VARIANT_KINDS:
+        checks.append(
+            Check(
+                f"acceptance/tiny/{kind}",
+                "tiny random models, ragged batch of 4, greedy: drafting rounds, accepted drafts per position and "
+                "(where reported) each request's accepted length per round == the reference's",
+                partial(_acceptance_tiny, kind=kind),
+                "acceptance",
+                "reference",
+            )
+        )
+    for kind in VARIANT_KINDS:
+        checks.append(
+            Check(
+                f"acceptance/heldout/{kind}",
+                "trained fixtures, 4 held-out prompts, greedy: drafting rounds, accepted drafts per position and "
+                "(where reported) per-request accepted lengths == the reference's (which accepts drafts there)",
+                partial(_acceptance_heldout, kind=kind),
+                "acceptance",
+                "reference",
+            )
+        )
+    for kind in VARIANT_KINDS:
+        checks.append(
+            Check(
+                f"distribution/sampled/{kind}",
+                f"{SAMPLES} samples, T={DISTRIBUTION.sampling.temperature} top-p {DISTRIBUTION.sampling.top_p}: "
+                "speculative tokens follow the backend's own non-speculative distribution (chi-square two-sample, "
+                f"alpha {ALPHA:g}, generated positions 1-2), and the test tells T={COOLER} apart (power)",
+                partial(_sampled_distribution, kind=kind),
+                "generate",
+                "independent",
+            )
+        )
+    for layout in UPSTREAM_LAYOUTS:
+        checks.append(
+            Check(
+                f"import/{layout}",
+                f"the parallel fixture written in the {layout} layout, run as the backend loads it (natively, or "
+                "imported): tokens, rounds and accepted drafts per position == the reference on the original",
+                partial(_upstream_import, layout=layout),
+                "acceptance",
+                "independent",
             )
         )
     for kind in VARIANT_KINDS:

@@ -99,3 +99,22 @@ def distribution_fits(verify_fn: VerifyFn, draws: int = DRAWS) -> list[FitResult
         bonus = result.output_tokens[result.accepted_len == 1, 1]
         fits.append(chi_square(torch.bincount(bonus, minlength=vocab), p[1], f"{name}, bonus token"))
     return fits
+
+
+def two_sample_p_value(a: list[list[int]], b: list[list[int]], position: int) -> float:
+    """Chi-square homogeneity test: do the tokens at `position` of two sets of samples come from one distribution?
+    Tokens seen under 10 times in both sets together are merged into one category; p-value from the chi-square
+    survival function."""
+    tokens = sorted({row[position] for row in a + b})
+    counts = torch.tensor(
+        [[sum(row[position] == t for row in arm) for t in tokens] for arm in (a, b)], dtype=torch.float64
+    )
+    keep = counts.sum(0) >= 10
+    table = torch.cat((counts[:, keep], counts[:, ~keep].sum(1, keepdim=True)), dim=1)
+    table = table[:, table.sum(0) > 0]
+    if table.shape[1] < 2:
+        return 1.0  # one category: nothing distinguishes the sets
+    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
+    statistic = ((table - expected) ** 2 / expected).sum()
+    dof = torch.tensor((table.shape[1] - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, statistic / 2))

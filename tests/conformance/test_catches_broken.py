@@ -21,6 +21,7 @@ from portable_spec.conformance.runner import (
 )
 from portable_spec.core.backends import BACKENDS, ReferenceBackend
 from tests.conformance.toy_backends import (
+    DecodeLayerShiftBackend,
     EchoReferenceBackend,
     GlobalRngBackend,
     LayerShiftBackend,
@@ -184,3 +185,19 @@ def test_registered_broken_backend_fails_the_cli(tmp_path, monkeypatch) -> None:
     assert code == 1
     assert "| golden/greedy_first_reject | pass | FAIL [1] |" in text
     assert "FAIL (broken_off_by_one): accepted_len" in text
+
+
+def test_a_layer_shift_in_decoding_is_caught_by_acceptance_not_by_greedy_equality(workspace) -> None:
+    """The issue the acceptance checks exist for: one drafter, another acceptance in another backend. The shifted
+    backend's output stays lossless (greedy equality passes) but its drafts fare differently."""
+    kinds = ("parallel", "depth_causal")
+    results = outcomes(
+        DecodeLayerShiftBackend(),
+        [f"{area}/{kind}" for kind in kinds for area in ("e2e/greedy_heldout", "acceptance/heldout")],
+        workspace,
+    )
+    for kind in kinds:
+        assert results[f"e2e/greedy_heldout/{kind}"].status == PASS, results[f"e2e/greedy_heldout/{kind}"].detail
+        failed = results[f"acceptance/heldout/{kind}"]
+        assert failed.status == FAIL, kind
+        assert "accepted drafts per position" in failed.detail or "drafting rounds" in failed.detail, failed.detail

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from portable_spec.core.backends import Backend, ReferenceBackend
+from portable_spec.core.backends import Acceptance, Backend, ReferenceBackend
 from portable_spec.core.noise import VerifyNoise
 from portable_spec.core.sampling import SamplingBatch, target_probs
 from portable_spec.core.spec import read_config
@@ -130,3 +130,23 @@ class EchoReferenceBackend(Backend):
     def generate(self, target_dir, drafter_dir, prompts, config):
         key = ("plain", "reference", str(target_dir), tuple(map(tuple, prompts)), config)
         return self.workspace.memo(key, lambda: self.workspace.reference.generate(target_dir, None, prompts, config))
+
+
+class DecodeLayerShiftBackend(ReferenceBackend):
+    """Decodes with the drafter fed the state ENTERING layer i (HF hidden_states[i]) for id i, one layer too low:
+    the engine that misses the +1 convention. Verification keeps its output lossless; only acceptance shows it."""
+
+    name = "broken_decode_layer_shift"
+
+    def decoder(self, target_dir, drafter_dir):
+        decoder = super().decoder(target_dir, drafter_dir)
+        if decoder.layer_ids is not None:
+            decoder.layer_ids = [i - 1 for i in decoder.layer_ids]  # target.forward reads hidden[i + 1]
+        return decoder
+
+    def generate(self, target_dir, drafter_dir, prompts, config):
+        return self.decoder(target_dir, drafter_dir).generate(prompts, config).tokens
+
+    def acceptance(self, target_dir, drafter_dir, prompts, config):
+        output = self.decoder(target_dir, drafter_dir).generate(prompts, config)
+        return Acceptance.of_output(output, config.num_draft_tokens)

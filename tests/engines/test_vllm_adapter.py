@@ -323,48 +323,6 @@ def test_seeded_sampling_is_reproducible(kind, vllm_runs):
     assert first == second
 
 
-SAMPLES = 3000  # requests per arm in the distribution test
-ALPHA = 1e-3
-
-
-def _position_p_value(a: list[list[int]], b: list[list[int]], position: int) -> float:
-    """Chi-square two-sample (homogeneity) test on the token at `position`; tokens seen under 10 times in both
-    arms together are merged into one category. p-value from the chi-square survival function (torch)."""
-    tokens = sorted({row[position] for row in a + b})
-    counts = torch.tensor(
-        [[sum(row[position] == t for row in arm) for t in tokens] for arm in (a, b)], dtype=torch.float64
-    )
-    keep = counts.sum(0) >= 10
-    table = torch.cat((counts[:, keep], counts[:, ~keep].sum(1, keepdim=True)), dim=1)
-    table = table[:, table.sum(0) > 0]
-    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
-    statistic = ((table - expected) ** 2 / expected).sum()
-    dof = torch.tensor((table.shape[1] - 1) / 2, dtype=torch.float64)
-    return float(torch.special.gammaincc(dof, statistic / 2))
-
-
-@pytest.mark.engine
-@requires_assets
-def test_sampled_speculative_output_follows_the_target_distribution(vllm_module, prompts):
-    """T = 1, top-p 0.95, depth_causal through vLLM (with the plugin's CPU fixes, as users get them): the 2nd and 3rd
-    generated tokens (the 1st comes from the prompt pass, the next ones from speculative rounds) of 3000 samples
-    follow the same distribution as vLLM without speculation (chi-square two-sample, alpha 1e-3 per position).
-    Power, shown in the same run: the test separates T = 1 from T = 0.85 without speculation."""
-    prompt, kind = prompts[1], "depth_causal"
-    drafter_dir = ASSETS / "drafters" / kind
-    batch = dict(max_num_seqs=256)
-    with vllm_engine(ASSETS / "target", **batch) as llm:
-        plain = generate(llm, [prompt] * SAMPLES, max_tokens=3, temperature=1.0, top_p=0.95)
-        cooler = generate(llm, [prompt] * SAMPLES, max_tokens=3, temperature=0.85, top_p=0.95)
-    with vllm_engine(ASSETS / "target", drafter_dir, read_config(drafter_dir).block_size - 1, **batch) as llm:
-        spec = generate(llm, [prompt] * SAMPLES, max_tokens=3, temperature=1.0, top_p=0.95)
-    same = [_position_p_value(spec, plain, position) for position in (1, 2)]
-    power = [_position_p_value(cooler, plain, position) for position in (1, 2)]
-    print(f"p-values speculative vs plain {same}, T=0.85 vs T=1 {power}")
-    assert min(same) > ALPHA, same
-    assert min(power) < ALPHA, power  # the test has power
-
-
 def _cpu_only() -> None:
     from vllm.platforms import current_platform
 
@@ -489,3 +447,67 @@ def test_version_check_names_exactly_what_is_supported():
     assert all(version_supported(v) for v in ("0.32.0", "0.33.0", "0.34.0", "0.34.1"))
     assert not any(version_supported(v) for v in ("0.31.0", "0.35.0", "0.3.2", "1.0.0"))
     assert "vllm 0.32.x, 0.33.x, 0.34.x only" in unsupported_version_message("0.35.0")
+
+
+# ------------------------------------------------------------------------------------- upstream DFlash layouts
+UPSTREAM = ("zlab", "specforge", "speculators", "speculators_bidirectional", "exported")
+
+
+@pytest.fixture(scope="module")
+def upstream_runs(vllm_module, prompts, tmp_path_factory):
+    """The parallel fixture in each upstream layout (conformance/upstream_layouts.py writes them as z-lab/dflash,
+    SpecForge and speculators do; speculators_bidirectional is that file with sliding_window_non_causal: true;
+    exported is `export speculators`), each served by vLLM as its users hand it over, first proposal recorded."""
+    from portable_spec.adapters.upstream.speculators import export_speculators
+    from portable_spec.conformance.upstream_layouts import shape_of_portable, write_upstream
+
+    root, source = tmp_path_factory.mktemp("upstream"), ASSETS / "drafters" / "parallel"
+    shape, weights = shape_of_portable(read_config(source)), load_file(str(source / "model.safetensors"))
+    dirs = {layout: write_upstream(layout, root / layout, shape, weights) for layout in UPSTREAM[:3]}
+    bidirectional = shutil.copytree(dirs["speculators"], root / "speculators_bidirectional")
+    config = json.loads((bidirectional / "config.json").read_text())
+    (bidirectional / "config.json").write_text(json.dumps({**config, "sliding_window_non_causal": True}))
+    dirs["speculators_bidirectional"] = bidirectional
+    dirs["exported"] = export_speculators(source, root / "exported")
+    runs = {}
+    for layout, directory in dirs.items():
+        with pytest.MonkeyPatch.context() as patch:
+            first = FirstProposal(patch)
+            with vllm_engine(ASSETS / "target", directory, shape.block_size - 1) as llm:
+                generate(llm, prompts[:1], max_tokens=2)
+                tokens = generate(llm, prompts)
+        runs[layout] = {"tokens": tokens, "first": first.record, "k": shape.block_size - 1}
+    return runs
+
+
+def _upstream_logit_diff(run, prompts) -> float:
+    target = TargetModel.load(ASSETS / "target")
+    expected = reference_draft_logits(
+        target, ASSETS / "drafters" / "parallel", prompts[0], run["first"]["anchor"][0], run["k"]
+    )
+    return (run["first"]["logits"][: run["k"]] - expected).abs().max().item()
+
+
+@pytest.mark.engine
+@requires_assets
+@pytest.mark.parametrize("layout", [layout for layout in UPSTREAM if layout != "speculators"])
+def test_upstream_layout_served_by_vllm_equals_the_imported_reference(layout, upstream_runs, reference, prompts):
+    """vLLM's own DFlash model on the upstream directory drafts what the reference drafts with its import (the
+    original fixture, bit for bit: tests/test_upstream.py), and greedy output is the reference's."""
+    run = upstream_runs[layout]
+    diff = _upstream_logit_diff(run, prompts)
+    print(f"{layout}: max |vLLM - reference| draft logits {diff:.2e}")
+    assert diff <= LOGIT_TOLERANCE
+    assert run["tokens"] == reference["parallel"][0]
+
+
+@pytest.mark.engine
+@requires_assets
+@pytest.mark.xfail(
+    strict=True,
+    reason="vLLM 0.32 maps speculators' default sliding_window_non_causal: false to dflash_config.causal = true for "
+    "every layer, so it drafts with a causal block what speculators trained bidirectionally (full-attention layers "
+    "are always bidirectional there); `export speculators` writes true. XPASS = vLLM fixed it",
+)
+def test_speculators_default_is_run_bidirectionally_by_vllm(upstream_runs, prompts):
+    assert _upstream_logit_diff(upstream_runs["speculators"], prompts) <= LOGIT_TOLERANCE

@@ -23,13 +23,16 @@ def in_process_llm(**engine_args):
         cleanup_dist_env_and_memory()
 
 
-def generate_token_ids(llm, prompts: list[list[int]], max_tokens: int, **sampling) -> list[list[int]]:
-    """Token ids for pre-tokenised prompts: greedy unless `sampling` says otherwise, never stopped at EOS."""
+def generate_token_ids(
+    llm, prompts: list[list[int]], max_tokens: int, ignore_eos: bool = True, **sampling
+) -> list[list[int]]:
+    """Token ids for pre-tokenised prompts: greedy unless `sampling` says otherwise; never stopped at EOS unless
+    `ignore_eos` is False (what a benchmark user sees)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(
-        **{"max_tokens": max_tokens, "temperature": 0.0, **sampling}, ignore_eos=True, detokenize=False
+        **{"max_tokens": max_tokens, "temperature": 0.0, **sampling}, ignore_eos=ignore_eos, detokenize=False
     )
     outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     return [list(out.outputs[0].token_ids) for out in outputs]
