@@ -25,6 +25,7 @@ from portable_spec.core.spec import SpecError, read_config
 from portable_spec.core.variants import behaviour_of
 
 METHODS = ("none", "ngram", "dflash_parallel", "depth_causal")
+DRAFTER_OF = {"dflash_parallel": "parallel", "depth_causal": "depth_causal"}  # methods that load a shipped drafter
 NGRAM = {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 4}  # vLLM's prompt lookup
 
 
@@ -66,8 +67,7 @@ def speculative_config(method: str, args: argparse.Namespace) -> dict | None:
         return None
     if method == "ngram":
         return {**NGRAM, "num_speculative_tokens": args.ngram_k}
-    kind = "parallel" if method == "dflash_parallel" else "depth_causal"
-    path = real_assets.drafter_dir(kind)
+    path = real_assets.drafter_dir(DRAFTER_OF[method])
     config = read_config(path)
     k = args.depth_causal_k if behaviour_of(config.kind).cuttable else config.block_size - 1
     return {"method": "dflash", "model": str(path), "num_speculative_tokens": k}
@@ -84,11 +84,17 @@ def _conditional(drafts: int, per_position: list[int]) -> list[float]:
     return [round(a / r, 4) if r else float("nan") for a, r in zip(per_position, reached)]
 
 
-def run_method(method: str, args, target_dir: Path, prompts: list[list[int]]) -> tuple[list[MethodRun], dict]:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
+@dataclass
+class MethodTokens:
+    """What one method's engine generated: tokens per batch size, and vLLM's counters (drafts, accepted,
+    per position) over the first --reference-prompts prompts at batch 1."""
 
-    from portable_spec.adapters.vllm.llm_api import in_process_llm, spec_decode_metrics
+    by_batch: dict[int, list[list[int]]] = field(default_factory=dict)
+    reference_counters: tuple[int, int, list[int]] | None = None
+
+
+def run_method(method: str, args, target_dir: Path, prompts: list[list[int]]) -> tuple[list[MethodRun], MethodTokens]:
+    from portable_spec.adapters.vllm.llm_api import generate_token_ids, in_process_llm, spec_decode_metrics
 
     spec = speculative_config(method, args)
     engine = dict(
@@ -102,19 +108,17 @@ def run_method(method: str, args, target_dir: Path, prompts: list[list[int]]) ->
     )
     if spec is not None:
         engine["speculative_config"] = spec
-    params = SamplingParams(max_tokens=args.max_new_tokens, temperature=0.0)
-    runs, outputs = [], {}
+    runs, outputs = [], MethodTokens()
     with in_process_llm(**engine) as llm:
-        llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], SamplingParams(max_tokens=8), use_tqdm=False)
+        generate_token_ids(llm, prompts[:1], 8, ignore_eos=False)  # warm-up
         for batch in args.batch_sizes:
             before = spec_decode_metrics(llm)
             tokens: list[list[int]] = []
             start = time.perf_counter()
             for first in range(0, len(prompts), batch):
-                chunk = [TokensPrompt(prompt_token_ids=p) for p in prompts[first : first + batch]]
-                tokens += [list(o.outputs[0].token_ids) for o in llm.generate(chunk, params, use_tqdm=False)]
+                tokens += generate_token_ids(llm, prompts[first : first + batch], args.max_new_tokens, ignore_eos=False)
                 if batch == 1 and first + 1 == args.reference_prompts:  # vLLM's acceptance on the reference's prompts
-                    outputs["reference_prompts"] = _delta(spec_decode_metrics(llm), before)
+                    outputs.reference_counters = _delta(spec_decode_metrics(llm), before)
             seconds = time.perf_counter() - start
             drafts, accepted, per_position = _delta(spec_decode_metrics(llm), before)
             generated = sum(map(len, tokens))
@@ -130,7 +134,7 @@ def run_method(method: str, args, target_dir: Path, prompts: list[list[int]]) ->
                     _conditional(drafts, per_position) if drafts else [],
                 )
             )
-            outputs[batch] = tokens
+            outputs.by_batch[batch] = tokens
             print(
                 f"  {method} batch {batch}: {generated / seconds:.1f} tok/s"
                 + (f", tau {1 + accepted / drafts:.3f}" if drafts else ""),
@@ -147,7 +151,7 @@ def reference_runs(args, target_dir: Path, prompts: list[list[int]], stop: tuple
 
     target = TargetModel.load(target_dir)
     results = {}
-    for method in ("dflash_parallel", "depth_causal"):
+    for method in DRAFTER_OF:
         spec = speculative_config(method, args)
         drafter = target.load_drafter(Path(spec["model"]))
         config = GenerationConfig(
@@ -248,7 +252,8 @@ def run_vllm_bench(args: argparse.Namespace) -> int:
     for r in runs:
         base = next(x for x in runs if x.method == "none" and x.batch_size == r.batch_size)
         r.speedup = r.tokens_per_second / base.tokens_per_second
-        r.equal_to_none = sum(a == b for a, b in zip(outputs[r.method][r.batch_size], outputs["none"][r.batch_size]))
+        mine, plain = outputs[r.method].by_batch[r.batch_size], outputs["none"].by_batch[r.batch_size]
+        r.equal_to_none = sum(a == b for a, b in zip(mine, plain))
     reference = (
         reference_runs(args, target_dir, prompts[: args.reference_prompts], stop) if args.reference_prompts else {}
     )
@@ -274,8 +279,8 @@ def run_vllm_bench(args: argparse.Namespace) -> int:
             "|---|---|---|---|---|",
         ]
         for method in reference:
-            d, a, per_position = outputs[method]["reference_prompts"]
-            same = sum(x == y for x, y in zip(outputs[method][1], reference[method]["tokens"]))
+            d, a, per_position = outputs[method].reference_counters
+            same = sum(x == y for x, y in zip(outputs[method].by_batch[1], reference[method]["tokens"]))
             k = speculative_config(method, args)["num_speculative_tokens"]
             lines.append(
                 f"| {method} | {k} | {1 + a / d:.3f} | {reference[method]['tau']:.3f} | "
@@ -290,7 +295,7 @@ def run_vllm_bench(args: argparse.Namespace) -> int:
             "|---|---|---|",
         ]
         for method in reference:
-            d, _, per_position = outputs[method]["reference_prompts"]
+            d, _, per_position = outputs[method].reference_counters
             for source, rates in (
                 ("vLLM", _conditional(d, per_position)),
                 ("reference", reference[method]["per_position"]),
