@@ -78,3 +78,18 @@ def test_autoregressive_propose_feeds_back_its_drafts(target):
         )
         tokens = torch.cat((tokens, logits[:, :, -1:].argmax(-1)), dim=-1)
     assert torch.equal(drafts, tokens[0, :, 1:])
+
+
+def test_shift_mix_on_engine_rows_equals_the_block_layout():
+    """Engines hand the drafter rows [N, H] (each request's block contiguous, padding after the last block):
+    mix_rows is the block-layout ShiftMix on them, and padding rows never reach a real block."""
+    from portable_spec.core.drafter_layers import ShiftMix
+
+    torch.manual_seed(0)
+    mix = ShiftMix(8)
+    mix.weight.data.normal_()
+    blocks = torch.randn(3, 1, 4, 8)
+    rows = torch.cat((blocks.reshape(12, 8), torch.randn(2, 8)))  # two padding rows
+    mixed = mix.mix_rows(rows, 4)
+    assert mixed.shape == (14, 8)
+    assert torch.allclose(mixed[:12], mix(blocks).reshape(12, 8))

@@ -83,6 +83,14 @@ class ShiftMix(nn.Module):
         previous = F.pad(h, (0, 0, 1, 0))[:, :, :-1]
         return F.linear(torch.cat((h, previous), dim=-1), self.weight)
 
+    def mix_rows(self, rows: torch.Tensor, block_len: int) -> torch.Tensor:
+        """The engines' layout: rows [N, H] holding each request's block of `block_len` slots contiguously (rows
+        past the last whole block are padding, left to the engine) -> [N, H]."""
+        count, hidden = rows.shape
+        padded = F.pad(rows, (0, 0, 0, -count % block_len))
+        blocks = padded.view(padded.shape[0] // block_len, 1, block_len, hidden)
+        return self(blocks).view(padded.shape[0], hidden)[:count]
+
 
 class DrafterLayer(nn.Module):
     def __init__(self, config: DrafterConfig, shift_mix: bool) -> None:

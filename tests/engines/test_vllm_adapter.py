@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, Qwen3ForCausalLM
 
+from portable_spec.adapters import shared_validate
 from portable_spec.adapters.vllm import cpu_fixes
 from portable_spec.adapters.vllm.llm_api import generate_token_ids, in_process_llm
 from portable_spec.adapters.vllm.llm_api import spec_decode_counters as spec_counters
@@ -87,7 +88,7 @@ def test_validate_refuses_what_vllm_cannot_serve(tmp_path):
     validate.check_num_speculative_tokens(configs["depth_causal"], 3, "dc")  # causal: a prefix of the block is fine
     with pytest.raises(SpecError, match=r"use 1\.\.7 "):
         validate.check_num_speculative_tokens(configs["depth_causal"], 8, "dc")
-    assert validate.portable_config_of(json.dumps({"architectures": ["DFlashDraftModel"]}), "z-lab") is None
+    assert shared_validate.portable_config_of(json.dumps({"architectures": ["DFlashDraftModel"]}), "z-lab") is None
 
     check = validate.WeightCheck(configs["depth_causal"], "dc")
     for name, shape in check.expected.items():

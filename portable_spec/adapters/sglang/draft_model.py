@@ -31,14 +31,13 @@ class DepthCausalDecoderLayer(DFlashDecoderLayer):
         if hidden_states.numel() == 0:
             return super().forward(positions, hidden_states, forward_batch, residual)
         stream = hidden_states if residual is None else hidden_states + residual  # DFlash fuses add+norm lazily
-        rows, hidden = stream.shape
+        rows = stream.shape[0]
         if rows % self.block_size:
             raise SpecError(
                 f"depth_causal draft batch has {rows} rows, not a multiple of block_size={self.block_size}; "
                 "SGLang laid the draft blocks out differently than DFlashWorkerV2 of sglang 0.5.23 does"
             )
-        mixed = self.shift_mix(stream.view(rows // self.block_size, 1, self.block_size, hidden))
-        return super().forward(positions, mixed.view(rows, hidden), forward_batch, None)
+        return super().forward(positions, self.shift_mix.mix_rows(stream, self.block_size), forward_batch, None)
 
 
 class DepthCausalDraftModel(DFlashDraftModel):

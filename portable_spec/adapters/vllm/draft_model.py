@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_gather
 from vllm.model_executor.models.qwen3_dflash import (
@@ -27,6 +26,7 @@ from vllm.model_executor.models.qwen3_dflash import (
 )
 from vllm.transformers_utils.repo_utils import get_hf_file_bytes
 
+from portable_spec.adapters import shared_validate
 from portable_spec.adapters.vllm import validate
 from portable_spec.core.binding import check_target_matches, target_fingerprint
 from portable_spec.core.drafter_layers import ShiftMix
@@ -41,7 +41,7 @@ def _portable_config(vllm_config: VllmConfig) -> DrafterConfig | None:
     """The drafter's own config.json (not vLLM's rewritten hf_config, which e.g. adopts the target's vocab)."""
     draft = vllm_config.speculative_config.draft_model_config
     raw = get_hf_file_bytes("config.json", draft.model, draft.revision)
-    return validate.portable_config_of(raw, f"{draft.model}/config.json")
+    return shared_validate.portable_config_of(raw, f"{draft.model}/config.json")
 
 
 def _full_vocab_rows(weight: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -170,11 +170,7 @@ class DepthCausalDecoderLayer(DFlashQwen3DecoderLayer):
 
     def forward(self, positions, hidden_states, residual):
         stream = hidden_states if residual is None else hidden_states + residual  # vLLM fuses add+norm lazily
-        rows, hidden = stream.shape  # [num_reqs * (K + 1) (+ padding), H]
-        padded = F.pad(stream, (0, 0, 0, -rows % self.block_len))
-        blocks = padded.view(padded.shape[0] // self.block_len, 1, self.block_len, hidden)  # [B, 1, K + 1, H]
-        mixed = self.shift_mix(blocks).view(padded.shape[0], hidden)[:rows]
-        return super().forward(positions, mixed, None)
+        return super().forward(positions, self.shift_mix.mix_rows(stream, self.block_len), None)
 
 
 class DepthCausalModel(DFlashQwen3Model):  # inherits vLLM's torch.compile wrapper: do not decorate again

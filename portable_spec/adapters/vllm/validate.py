@@ -44,11 +44,6 @@ def unsupported_version_message(version: str) -> str:
     )
 
 
-def portable_config_of(config_json: bytes | str | None, source: str) -> DrafterConfig | None:
-    """The drafter config if `config_json` is a portable-spec checkpoint's; None for any other drafter."""
-    return shared_validate.portable_config_of(config_json, source)
-
-
 def check_servable(config: DrafterConfig, source: str) -> None:
     """Refuse the drafter kinds vLLM cannot run. A reduced draft vocabulary is served: vLLM's DFlash model has
     `draft_vocab_size` and the EAGLE-3 `d2t` mapping; draft_model.py fills its draft-sized LM head from the target's."""
