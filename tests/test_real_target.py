@@ -61,3 +61,27 @@ def test_seeded_sampling_repeats_and_is_batch_invariant(target, prompts, kind):
     assert alone.tokens[0] == batched.tokens[1]
     other_seed = SpeculativeDecoder(target, drafter).generate(prompts, config.model_copy(update={"seed": 12}))
     assert other_seed.tokens != batched.tokens  # the seed is really used
+
+
+def test_an_upstream_drafter_for_smollm2_imports_and_runs_as_the_original(target, prompts, tmp_path):
+    """Issue 24 on the real target: the shipped SmolLM2 parallel drafter (8192-id draft vocabulary, which only
+    the speculators layout carries) written as speculators writes it, imported against the converted SmolLM2:
+    lossless, and every round accepts exactly what the original drafter accepts (through vLLM: tests/engines/test_vllm_adapter.py; through ONNX, on the fixture target: the
+    conformance suite's import/* checks)."""
+    from safetensors.torch import load_file
+
+    from portable_spec.adapters.upstream.importer import import_drafter
+    from portable_spec.conformance.upstream_layouts import shape_of_portable, with_draft_head, write_upstream
+    from portable_spec.core.spec import read_config
+
+    source = real_assets.drafter_dir("parallel")
+    weights = with_draft_head(load_file(str(source / "model.safetensors")), target.model.get_output_embeddings().weight)
+    upstream = write_upstream("speculators", tmp_path / "speculators", shape_of_portable(read_config(source)), weights)
+    imported = import_drafter(upstream, target.model_id, tmp_path / "imported").out
+    config = GenerationConfig(max_new_tokens=NEW_TOKENS, num_draft_tokens=read_config(source).block_size - 1)
+    original = SpeculativeDecoder(target, target.load_drafter(source)).generate(prompts, config)
+    again = SpeculativeDecoder(target, target.load_drafter(imported)).generate(prompts, config)
+    plain = SpeculativeDecoder(target).generate(prompts, config)
+    assert again.tokens == original.tokens == plain.tokens
+    assert again.stats.accepted_by_request == original.stats.accepted_by_request
+    assert original.stats.acceptance_length > 1.0

