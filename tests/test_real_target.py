@@ -66,12 +66,14 @@ def test_seeded_sampling_repeats_and_is_batch_invariant(target, prompts, kind):
 def test_an_upstream_drafter_for_smollm2_imports_and_runs_as_the_original(target, prompts, tmp_path):
     """Issue 24 on the real target: the shipped SmolLM2 parallel drafter (8192-id draft vocabulary, which only
     the speculators layout carries) written as speculators writes it, imported against the converted SmolLM2:
-    lossless, and every round accepts exactly what the original drafter accepts (through vLLM: tests/engines/test_vllm_adapter.py; through ONNX, on the fixture target: the
-    conformance suite's import/* checks)."""
+    lossless, and every round accepts exactly what the original drafter accepts, in the reference and through the
+    ONNX backend (its exported graph drafting); through vLLM: tests/engines/test_vllm_adapter.py."""
     from safetensors.torch import load_file
 
+    from portable_spec.adapters.onnx import OnnxBackend
     from portable_spec.adapters.upstream.importer import import_drafter
     from portable_spec.conformance.upstream_layouts import shape_of_portable, with_draft_head, write_upstream
+    from portable_spec.core.backends import Acceptance
     from portable_spec.core.spec import read_config
 
     source = real_assets.drafter_dir("parallel")
@@ -85,3 +87,5 @@ def test_an_upstream_drafter_for_smollm2_imports_and_runs_as_the_original(target
     assert again.tokens == original.tokens == plain.tokens
     assert again.stats.accepted_by_request == original.stats.accepted_by_request
     assert original.stats.acceptance_length > 1.0
+    through_onnx = OnnxBackend().acceptance(target.model_id, imported, prompts, config)  # onnx: a dev dependency
+    assert through_onnx == Acceptance.of_output(original, config.num_draft_tokens)
