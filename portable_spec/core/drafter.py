@@ -50,21 +50,12 @@ class Drafter(nn.Module):
         """Target ids of the draft vocabulary [V_draft], or None when the drafter scores the full vocabulary."""
         if self.config.draft_vocab_size is None:
             return None
-        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+        return target_ids_of(self.d2t)
 
     def set_draft_vocab(self, target_ids: torch.Tensor) -> None:
         """Fix the draft vocabulary to `target_ids` (distinct, [V_draft]); stored as EAGLE-3 offsets."""
         ids = torch.as_tensor(target_ids, dtype=torch.int64)
-        if (
-            ids.shape != self.d2t.shape
-            or len(set(ids.tolist())) != len(ids)
-            or int(ids.min()) < 0
-            or int(ids.max()) >= self.config.vocab_size
-        ):
-            raise SpecError(
-                f"draft vocabulary needs {self.config.draft_vocab_size} distinct ids in "
-                f"[0, {self.config.vocab_size}), got shape {tuple(ids.shape)}"
-            )
+        check_draft_vocab(ids, self.config)
         self.d2t.copy_(ids - torch.arange(len(ids), device=ids.device))
 
     def scored_logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -179,6 +170,26 @@ class Drafter(nn.Module):
     # -- persistence -----------------------------------------------------------------------------
     def save(self, out_dir: Path, force: bool = False, owner: str | None = None) -> Path:
         return save_drafter(out_dir, self.config, self.state_dict(), force=force, owner=owner)
+
+
+def target_ids_of(d2t: torch.Tensor) -> torch.Tensor:
+    """EAGLE-3's draft-vocabulary offsets -> the target ids they stand for: target id = draft id + d2t[draft id]."""
+    return torch.arange(len(d2t), device=d2t.device) + d2t.to(torch.int64)
+
+
+def check_draft_vocab(target_ids: torch.Tensor, config: DrafterConfig, source: str = "draft vocabulary") -> None:
+    """A draft vocabulary is draft_vocab_size distinct target ids inside the target's vocabulary."""
+    ids = target_ids.tolist()
+    if (
+        len(ids) != config.draft_vocab_size
+        or len(set(ids)) != len(ids)
+        or min(ids) < 0
+        or max(ids) >= config.vocab_size
+    ):
+        raise SpecError(
+            f"{source}: needs {config.draft_vocab_size} distinct ids in [0, {config.vocab_size}), got "
+            f"{len(ids)} ids ({len(set(ids))} distinct, from {min(ids, default=None)} to {max(ids, default=None)})"
+        )
 
 
 def greedy_drafts(

@@ -15,7 +15,7 @@ import torch
 
 from portable_spec.adapters.upstream.layouts import UpstreamDrafter, read_upstream
 from portable_spec.core.checkpoint import save_drafter
-from portable_spec.core.drafter import check_weight_shapes
+from portable_spec.core.drafter import check_draft_vocab, check_weight_shapes, target_ids_of
 from portable_spec.core.outputs import check_output_dir
 from portable_spec.core.spec import DrafterConfig, SpecError, parse_config
 from portable_spec.core.target import TargetModel
@@ -41,10 +41,8 @@ def _check_target_side(upstream: UpstreamDrafter, config: DrafterConfig, target:
     head = target.model.get_output_embeddings().weight
     rows = None
     if config.draft_vocab_size is not None:
-        d2t = upstream.weights["d2t"].to(torch.int64)
-        rows = torch.arange(len(d2t)) + d2t
-        if bool((rows < 0).any() or (rows >= config.vocab_size).any()) or len(set(rows.tolist())) != len(rows):
-            raise SpecError(f"{source}: d2t maps draft ids outside the target vocabulary or twice onto one id")
+        rows = target_ids_of(upstream.weights["d2t"])
+        check_draft_vocab(rows, config, f"{source}: d2t")
         t2d = upstream.target_side.get("t2d")
         if t2d is not None and sorted(t2d.nonzero()[:, 0].tolist()) != sorted(rows.tolist()):
             raise SpecError(f"{source}: t2d and d2t name different draft vocabularies; the checkpoint is inconsistent")

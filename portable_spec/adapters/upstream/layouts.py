@@ -116,7 +116,8 @@ def layer_fields(values: dict, source: str, prefix: str = "") -> dict:
     if rope.get("rope_type", "default") != "default":
         raise _refuse(source, prefix + "rope_parameters.rope_type", rope["rope_type"], "is not default rotary")
     rope_theta = values.get("rope_theta", rope.get("rope_theta", 10000.0))
-    hidden, heads = _required(values, "hidden_size", source, prefix), _required(values, "num_attention_heads", source)
+    hidden = _required(values, "hidden_size", source, prefix)
+    heads = _required(values, "num_attention_heads", source, prefix)
     return {
         "num_hidden_layers": _required(values, "num_hidden_layers", source, prefix),
         "hidden_size": hidden,

@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import save_file
 
 from portable_spec.core.checkpoint import load_drafter_files
+from portable_spec.core.drafter import target_ids_of
 from portable_spec.core.outputs import check_output_dir, write_dir_atomically
 from portable_spec.core.spec import SpecError
 from portable_spec.core.target import TargetModel
@@ -82,7 +83,7 @@ def export_speculators(drafter_dir: Path, out: Path, target_dir: Path | None = N
     if config.draft_vocab_size is not None:
         target = TargetModel.load(target_dir)
         target.check_drafter(config)
-        rows = torch.arange(config.draft_vocab_size) + weights["d2t"].to(torch.int64)
+        rows = target_ids_of(weights["d2t"])
         head = target.model.get_output_embeddings().weight.detach().cpu()
         weights["lm_head.weight"] = head[rows].to(weights["fc.weight"].dtype)
         weights["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool).index_fill_(0, rows, True)
