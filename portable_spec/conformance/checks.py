@@ -367,13 +367,19 @@ def _upstream_import(ctx: CheckContext, layout: str) -> None:
         )
 
     upstream = ctx.workspace.memo(("upstream", layout), lay_out)
-    imported = ctx.workspace.memo(
-        ("imported", layout), lambda: import_drafter(upstream, target, root / f"imported-{layout}").out
-    )
-    drafter = upstream if ctx.backend.reads_layout(layout) else imported
+    drafter = upstream
+    if not ctx.backend.reads_layout(layout):
+        drafter = ctx.workspace.memo(
+            ("imported", layout), lambda: import_drafter(upstream, target, root / f"imported-{layout}").out
+        )
     config = _full_block(HELDOUT_GREEDY, original)
     expected = _reference_acceptance(ctx, target, original, prompts, config)
     _same_acceptance(f"{layout} checkpoint", ctx.backend.acceptance(target, drafter, prompts, config), expected)
+
+
+def _with_variant(run: Callable[[CheckContext, object], None], variant) -> Callable[[CheckContext], None]:
+    """A family's check with its drafter kind (or layout) fixed: the one-argument callable a Check runs."""
+    return lambda ctx: run(ctx, variant)
 
 
 # -- the list --------------------------------------------------------------------------------------
@@ -414,92 +420,83 @@ def all_checks() -> list[Check]:
             "reference",
         ),
     ]
-    for kind in VARIANT_KINDS:
-        checks.append(
-            Check(
-                f"drafter/block_logits/{kind}",
-                f"{kind} drafter block logits match the reference on a ragged batch with a masked hole",
-                partial(_block_logits, kind=kind),
-                "block_logits",
-                "reference",
+    # One row per family of checks, run once per drafter kind (or layout); in the report's order.
+    heldout = "trained fixtures, 4 held-out prompts"
+    families = [
+        (
+            "drafter/block_logits",
+            "{} drafter block logits match the reference on a ragged batch with a masked hole",
+            _block_logits,
+            "block_logits",
+            "reference",
+        ),
+        (
+            "e2e/greedy_tiny",
+            "tiny random models, ragged batch of 4, block_size - 1 "
+            "drafts: greedy speculative == the backend's non-speculative == the reference's",
+            _e2e_greedy_tiny,
+            "generate",
+            "independent",
+        ),
+        (
+            "e2e/sampled_tiny",
+            f"tiny random models, {_sampling_label(TINY_SAMPLED)}, fixed seed: tokens == the "
+            "reference's, whatever the global RNG state",
+            _e2e_sampled_tiny,
+            "generate",
+            "reference",
+        ),
+        (
+            "acceptance/tiny",
+            "tiny random models, ragged batch of 4, greedy: drafting rounds, accepted drafts per position and "
+            "(where reported) each request's accepted length per round == the reference's",
+            _acceptance_tiny,
+            "acceptance",
+            "reference",
+        ),
+        (
+            "acceptance/heldout",
+            f"{heldout}, greedy: drafting rounds, accepted drafts per position and "
+            "(where reported) per-request accepted lengths == the reference's (which accepts drafts there)",
+            _acceptance_heldout,
+            "acceptance",
+            "reference",
+        ),
+        (
+            "distribution/sampled",
+            f"{SAMPLES} samples, T={DISTRIBUTION.sampling.temperature} top-p {DISTRIBUTION.sampling.top_p}: "
+            "speculative tokens follow the backend's own non-speculative distribution (chi-square two-sample, "
+            f"alpha {ALPHA:g}, generated positions 1-2), and the test tells T={COOLER} apart (power)",
+            _sampled_distribution,
+            "generate",
+            "independent",
+        ),
+        (
+            "import",
+            "the parallel fixture written in the {} layout, run as the backend loads it (natively, or "
+            "imported): tokens, rounds and accepted drafts per position == the reference on the original",
+            _upstream_import,
+            "acceptance",
+            "independent",
+        ),
+        (
+            "e2e/greedy_heldout",
+            f"{heldout}, block_size - 1 drafts: greedy speculative == the backend's non-speculative == the reference's",
+            _e2e_greedy_heldout,
+            "generate",
+            "independent",
+        ),
+    ]
+    variants = {"e2e/sampled_tiny": (*VARIANT_KINDS, None), "import": UPSTREAM_LAYOUTS}  # else VARIANT_KINDS
+    for family, description, run, exercises, oracle in families:
+        for variant in variants.get(family, VARIANT_KINDS):
+            checks.append(
+                Check(
+                    f"{family}/{variant or 'no_drafter'}",
+                    description.format(variant),
+                    _with_variant(run, variant),
+                    exercises,
+                    oracle,
+                )
             )
-        )
-    for kind in VARIANT_KINDS:
-        checks.append(
-            Check(
-                f"e2e/greedy_tiny/{kind}",
-                "tiny random models, ragged batch of 4, block_size - 1 "
-                "drafts: greedy speculative == the backend's non-speculative == the reference's",
-                partial(_e2e_greedy_tiny, kind=kind),
-                "generate",
-                "independent",
-            )
-        )
-    for kind in (*VARIANT_KINDS, None):
-        checks.append(
-            Check(
-                f"e2e/sampled_tiny/{kind or 'no_drafter'}",
-                f"tiny random models, {_sampling_label(TINY_SAMPLED)}, fixed seed: tokens == the "
-                "reference's, whatever the global RNG state",
-                partial(_e2e_sampled_tiny, kind=kind),
-                "generate",
-                "reference",
-            )
-        )
-    for kind in VARIANT_KINDS:
-        checks.append(
-            Check(
-                f"acceptance/tiny/{kind}",
-                "tiny random models, ragged batch of 4, greedy: drafting rounds, accepted drafts per position and "
-                "(where reported) each request's accepted length per round == the reference's",
-                partial(_acceptance_tiny, kind=kind),
-                "acceptance",
-                "reference",
-            )
-        )
-    for kind in VARIANT_KINDS:
-        checks.append(
-            Check(
-                f"acceptance/heldout/{kind}",
-                "trained fixtures, 4 held-out prompts, greedy: drafting rounds, accepted drafts per position and "
-                "(where reported) per-request accepted lengths == the reference's (which accepts drafts there)",
-                partial(_acceptance_heldout, kind=kind),
-                "acceptance",
-                "reference",
-            )
-        )
-    for kind in VARIANT_KINDS:
-        checks.append(
-            Check(
-                f"distribution/sampled/{kind}",
-                f"{SAMPLES} samples, T={DISTRIBUTION.sampling.temperature} top-p {DISTRIBUTION.sampling.top_p}: "
-                "speculative tokens follow the backend's own non-speculative distribution (chi-square two-sample, "
-                f"alpha {ALPHA:g}, generated positions 1-2), and the test tells T={COOLER} apart (power)",
-                partial(_sampled_distribution, kind=kind),
-                "generate",
-                "independent",
-            )
-        )
-    for layout in UPSTREAM_LAYOUTS:
-        checks.append(
-            Check(
-                f"import/{layout}",
-                f"the parallel fixture written in the {layout} layout, run as the backend loads it (natively, or "
-                "imported): tokens, rounds and accepted drafts per position == the reference on the original",
-                partial(_upstream_import, layout=layout),
-                "acceptance",
-                "independent",
-            )
-        )
-    for kind in VARIANT_KINDS:
-        checks.append(
-            Check(
-                f"e2e/greedy_heldout/{kind}",
-                "trained fixtures, 4 held-out prompts, block_size - 1 "
-                "drafts: greedy speculative == the backend's non-speculative == the reference's",
-                partial(_e2e_greedy_heldout, kind=kind),
-                "generate",
-                "independent",
-            )
-        )
     return checks
