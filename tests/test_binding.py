@@ -1,9 +1,12 @@
-"""A drafter trained for another target is refused at load time, naming what differs."""
+"""A drafter trained for another target is refused at load time, naming what differs; a pair is checked once,
+where it is bound (TargetModel.bind), and the decoder takes only drafters bound to its own target."""
 
 import pytest
 import torch
 
-from portable_spec.core.decode import SpeculativeDecoder
+from portable_spec.core import binding
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.drafter import load_drafter
 from portable_spec.core.spec import SpecError
 from portable_spec.core.testing import tiny_drafter, tiny_target
 
@@ -43,7 +46,28 @@ def test_fingerprint_ignores_load_dtype():
     assert before == rounded_once  # rounding to bf16 first makes fp32 and bf16 loads agree
 
 
-def test_decoder_refuses_unbound_drafter():
+def test_decoder_refuses_a_drafter_bound_to_another_target():
     drafter = tiny_drafter(tiny_target(seed=0), "parallel")
-    with pytest.raises(SpecError, match="fingerprint"):
+    with pytest.raises(SpecError, match="not bound to target"):
         SpeculativeDecoder(tiny_target(seed=1), drafter)
+
+
+def test_decoder_refuses_a_drafter_loaded_without_its_target(tmp_path):
+    target = tiny_target()
+    tiny_drafter(target, "parallel").save(tmp_path / "d")
+    with pytest.raises(SpecError, match=r"target\.load_drafter\(dir\)"):
+        SpeculativeDecoder(target, load_drafter(tmp_path / "d"))
+    SpeculativeDecoder(target, target.bind(load_drafter(tmp_path / "d")))  # bound by hand: fine
+
+
+def test_a_pair_is_checked_once_on_the_generate_path(tmp_path, monkeypatch):
+    target = tiny_target()
+    tiny_drafter(target, "parallel").save(tmp_path / "d")
+    calls = []
+    real = binding.check_target_matches
+    monkeypatch.setattr(
+        "portable_spec.core.target.check_target_matches", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    decoder = SpeculativeDecoder(target, target.load_drafter(tmp_path / "d"))
+    decoder.generate([[1, 2, 3]], GenerationConfig(max_new_tokens=6, num_draft_tokens=3))
+    assert len(calls) == 1

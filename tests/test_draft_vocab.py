@@ -28,7 +28,7 @@ def _drafter(target, kind="depth_causal", ids=VOCAB_IDS):
         draft_vocab_size=len(ids),
     )
     torch.manual_seed(3)
-    drafter = Drafter(config, target.shared_modules())
+    drafter = target.bind(Drafter(config))
     drafter.set_draft_vocab(ids)
     return drafter.eval()
 
@@ -54,7 +54,7 @@ def test_logits_live_only_on_the_draft_vocabulary(target):
 def test_d2t_round_trips_through_the_checkpoint(target, tmp_path):
     drafter = _drafter(target)
     drafter.save(tmp_path / "d")
-    loaded = load_drafter(tmp_path / "d", target.shared_modules())
+    loaded = target.bind(load_drafter(tmp_path / "d"))
     assert torch.equal(loaded.draft_token_ids(), VOCAB_IDS)
     assert loaded.config.draft_vocab_size == len(VOCAB_IDS)
 

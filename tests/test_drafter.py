@@ -37,7 +37,7 @@ def test_later_slots_influence_earlier_ones_only_in_parallel(target, kind, causa
 
 def test_shift_mix_starts_as_identity(target):
     """What the initialiser itself builds (a freshly constructed drafter, no weights loaded or written)."""
-    fresh = Drafter(tiny_drafter(target, "depth_causal").config, target.shared_modules())
+    fresh = target.bind(Drafter(tiny_drafter(target, "depth_causal").config))
     h = torch.randn(2, 3, 5, 64)
     for layer in fresh.layers:
         assert torch.equal(layer.shift_mix(h), h)

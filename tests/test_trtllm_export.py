@@ -130,7 +130,7 @@ def test_dflash_route_parallel(pairs, tmp_path, dtype):
         assert tensor.dtype == getattr(torch, dtype)
         assert torch.equal(tensor, original[name].to(tensor.dtype)), name
     if dtype == "float32":  # rebuilt from the converted files, the drafter computes the same logits
-        rebuilt = Drafter(drafter.config, target.shared_modules())
+        rebuilt = target.bind(Drafter(drafter.config))
         rebuilt.load_state_dict(weights)
         context = drafter.context_kv(torch.randn(2, 6, 128), torch.arange(6).expand(2, -1))
         block = torch.randint(0, 255, (2, 1, 8))
@@ -181,7 +181,7 @@ def test_dflash_weights_refuse_a_reduced_vocabulary(pairs):
         draft_vocab_size=16,
     )
     with pytest.raises(SpecError, match="draft_vocab_size=16: TensorRT-LLM"):
-        dflash_weights(Drafter(config, target.shared_modules()), torch.float32)
+        dflash_weights(target.bind(Drafter(config)), torch.float32)
 
 
 def test_trtllm_1_2_has_no_dflash(pairs, tmp_path):

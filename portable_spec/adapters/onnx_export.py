@@ -112,10 +112,9 @@ class BoundDrafter(nn.Module):
 
     def __init__(self, drafter: Drafter) -> None:
         super().__init__()
-        if drafter.shared is None:
-            raise SpecError("drafter is not bound to a target; load it with TargetModel.load_drafter(...)")
         # A fresh copy so swapping norms never touches the caller's drafter; the target modules are shared.
-        self.drafter = Drafter(drafter.config, drafter.shared)
+        self.drafter = Drafter(drafter.config)
+        self.drafter.shared = drafter.shared
         self.drafter.load_state_dict(drafter.state_dict())
         self.drafter.eval()
         self.embed_tokens = drafter.shared.embed_tokens
@@ -200,7 +199,7 @@ def export_bound_drafter(
 
 def bind_for_export(target: TargetModel, drafter: Drafter) -> BoundDrafter:
     """Checks that fail before any file is written: binding and dtype."""
-    target.check_drafter(drafter.config)
+    target.require_bound(drafter)
     if target.model.dtype != torch.float32 or drafter.fc.weight.dtype != torch.float32:
         raise SpecError(
             f"dtype={target.model.dtype}/{drafter.fc.weight.dtype}: the ONNX graph is exported in float32; load "

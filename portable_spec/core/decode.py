@@ -135,9 +135,10 @@ class SpeculativeDecoder:
         (decode_matmul.py) while generating; False keeps torch's F.linear everywhere."""
         self.target = target
         self.decode_matmul = decode_matmul
-        self.proposer: DraftProposer | None = TorchProposer(drafter) if isinstance(drafter, Drafter) else drafter
-        if self.proposer is not None:
-            target.check_drafter(self.proposer.config)
+        if isinstance(drafter, Drafter):
+            target.require_bound(drafter)  # checked as a pair once, by TargetModel.bind; not again here
+            drafter = TorchProposer(drafter)
+        self.proposer: DraftProposer | None = drafter
         self.layer_ids = self.proposer.config.target_layer_ids if self.proposer is not None else None
 
     def _check_prompts(self, prompts: list[list[int]], config: GenerationConfig) -> None:

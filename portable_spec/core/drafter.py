@@ -30,7 +30,7 @@ class SharedTargetModules:
 
 
 class Drafter(nn.Module):
-    def __init__(self, config: DrafterConfig, shared: SharedTargetModules | None = None) -> None:
+    def __init__(self, config: DrafterConfig) -> None:
         super().__init__()
         self.config = config
         self.behaviour = behaviour_of(config.kind)
@@ -42,7 +42,7 @@ class Drafter(nn.Module):
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         if config.draft_vocab_size is not None:  # EAGLE-3 layout: target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
-        self.shared = shared
+        self.shared: SharedTargetModules | None = None  # the target's, set only by TargetModel.bind
         self._head_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     # -- vocabulary ------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ class Drafter(nn.Module):
         """A [B, T] context mask (decoding: one block per request, every slot sees the same context) takes the
         dispatched attention (the Triton kernel on CUDA); a per-slot mask (training's packed blocks) the dense one."""
         if self.shared is None:
-            raise SpecError("drafter is not bound to a target; load it with TargetModel.load_drafter(...)")
+            raise SpecError("drafter is not bound to a target; load it with target.load_drafter(dir)")
         b, a, k = block_ids.shape
         h = self.shared.embed_tokens(block_ids).to(self.fc.weight.dtype)
         cos, sin = rotary_cos_sin(
@@ -249,10 +249,11 @@ def check_weight_shapes(config: DrafterConfig, found: dict[str, tuple[int, ...]]
             )
 
 
-def load_drafter(ckpt_dir: Path, shared: SharedTargetModules | None = None, dtype=torch.float32) -> Drafter:
-    """Build a drafter from a checkpoint; missing or unexpected weights fail here, naming them."""
+def load_drafter(ckpt_dir: Path, dtype=torch.float32) -> Drafter:
+    """Build a drafter from a checkpoint, not yet bound to a target (TargetModel.load_drafter binds); missing or
+    unexpected weights fail here, naming them."""
     config, weights = load_drafter_files(ckpt_dir)
     check_weight_shapes(config, {name: tuple(tensor.shape) for name, tensor in weights.items()}, str(ckpt_dir))
-    drafter = Drafter(config, shared)
+    drafter = Drafter(config)
     drafter.load_state_dict(weights)
     return drafter.to(dtype).eval()

@@ -17,6 +17,9 @@ from portable_spec.core.spec import DrafterConfig
 
 
 class DraftProposer(Protocol):
+    """Built for one target, checked against it where it is built (TargetModel.bind for the torch drafter,
+    OnnxDrafterGraph for an exported graph): the decode loop takes it as bound."""
+
     config: DrafterConfig
 
     def begin(self, features: torch.Tensor, positions: torch.Tensor) -> Any:

@@ -69,11 +69,33 @@ class TargetModel:
             served_as=f"target {self.model_id!r}",
         )
 
-    def load_drafter(self, ckpt_dir: str | Path) -> Drafter:
-        """Load a drafter for this target; refused (at load, not mid-generation) if it was trained for another."""
-        drafter = load_drafter(Path(ckpt_dir), self.shared_modules(), dtype=self.model.dtype)
+    def bind(self, drafter: Drafter) -> Drafter:
+        """The one place a drafter and this target are checked as a pair (check_drafter): on success the drafter
+        takes this target's embedding and LM head. The decoder and the exporters only ask `is_bound`."""
         self.check_drafter(drafter.config)
+        drafter.shared = self.shared_modules()
         return drafter
+
+    def is_bound(self, drafter: Drafter) -> bool:
+        """Whether `drafter` holds this very model's embedding and LM head (bound by `bind`)."""
+        shared = drafter.shared
+        return (
+            shared is not None
+            and shared.embed_tokens is self.model.get_input_embeddings()
+            and shared.lm_head is self.model.get_output_embeddings()
+        )
+
+    def require_bound(self, drafter: Drafter) -> None:
+        if not self.is_bound(drafter):
+            raise SpecError(
+                f"drafter is not bound to target {self.model_id!r}; load it with target.load_drafter(dir) "
+                "(or bind a drafter you built with target.bind(drafter))"
+            )
+
+    def load_drafter(self, ckpt_dir: str | Path) -> Drafter:
+        """Load a drafter in this target's dtype and bind it; refused (at load, not mid-generation) if it was
+        trained for another target."""
+        return self.bind(load_drafter(Path(ckpt_dir), dtype=self.model.dtype))
 
     def new_cache(self) -> DynamicCache:
         return DynamicCache(config=self.config)

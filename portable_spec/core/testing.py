@@ -41,7 +41,7 @@ def tiny_drafter(
         mask_token_id=target.config.vocab_size - 1,
     )
     torch.manual_seed(seed)
-    drafter = Drafter(config, target.shared_modules())
+    drafter = target.bind(Drafter(config))
     with torch.no_grad():  # move shift-mix off the identity so the variant is exercised
         for name, param in drafter.named_parameters():
             if name.endswith("shift_mix.weight"):

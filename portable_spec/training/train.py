@@ -188,7 +188,7 @@ def _load_state(
             f"{state_dir}: holds another training run than the one asked for ({'; '.join(diff)}); "
             f"use another --work-dir, delete {state_dir} to start over, or ask for the saved settings"
         )
-    drafter = load_drafter(state_dir / "drafter", target.shared_modules()).to(target.device)
+    drafter = target.bind(load_drafter(state_dir / "drafter")).to(target.device)
     optimizer = optimizer_for(drafter)
     state: dict = {}
     for key, value in load_file(str(state_dir / "optimizer.safetensors")).items():
@@ -232,7 +232,7 @@ def initial_drafter(
     """A fresh drafter on the target's device, initialised on the CPU from `seed` (the same weights on every
     device), with its draft vocabulary set."""
     torch.manual_seed(seed)
-    drafter = Drafter(drafter_config, target.shared_modules())
+    drafter = target.bind(Drafter(drafter_config))
     if draft_vocab is not None:
         drafter.set_draft_vocab(draft_vocab)
     return drafter.to(target.device)
@@ -255,7 +255,6 @@ def train_loop(
     generator is seeded by (seed, step), so resuming from state_dir (saved every save_every steps) repeats the
     uninterrupted run. The checkpoint records `out_owner` (the work directory) and replaces only a checkpoint of the
     same owner unless `force` (outputs.check_output_dir)."""
-    target.check_drafter(drafter_config)
     check_shapes(drafter_config.block_size, config)
     for param in target.model.parameters():
         param.requires_grad_(False)

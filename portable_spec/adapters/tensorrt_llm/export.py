@@ -330,7 +330,7 @@ def export_for_trtllm(
     config = drafter.config
     check_block_size(block_size, config)
     route, num_drafts = check_request(config.kind, config.block_size, request)
-    target.check_drafter(config)
+    target.require_bound(drafter)
     out_dir = Path(out_dir)
 
     def write(tmp: Path) -> None:
