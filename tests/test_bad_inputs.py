@@ -475,7 +475,7 @@ CASES = [
             (
                 "up_missing_weight",
                 "a missing layer weight",
-                r"weights do not match config .*missing \['layers\.1\.mlp\.up_proj",
+                r"lacks 1 weight\(s\) a parallel drafter with num_hidden_layers=2 needs: \['layers\.1\.mlp\.up_proj",
             ),
             ("up_dspark", "speculators_model_type dspark", r"speculators_model_type = \"dspark\" is not dflash"),
             (

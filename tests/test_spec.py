@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from portable_spec.core.checkpoint import save_drafter
-from portable_spec.core.drafter import load_drafter
+from portable_spec.core.drafter import WeightCheck, load_drafter
 from portable_spec.core.spec import SpecError, parse_config, read_config
 from portable_spec.core.testing import tiny_drafter, tiny_target
 
@@ -104,8 +104,24 @@ def test_missing_layer_weights_are_named(target, tmp_path):
     drafter = tiny_drafter(target, "depth_causal")
     weights = {k: v for k, v in drafter.state_dict().items() if not k.startswith("layers.1.")}
     save_drafter(tmp_path / "d", drafter.config, weights)
-    with pytest.raises(SpecError, match=r"missing \['layers\.1\."):
+    with pytest.raises(SpecError, match=r"lacks 12 weight\(s\) a depth_causal drafter .* needs: \['layers\.1\."):
         load_drafter(tmp_path / "d")
+
+
+def test_weight_check_follows_a_stream(target):
+    """An engine's loader streams (name, tensor) pairs: unknown names and wrong shapes are refused as they pass,
+    before the rest is read; missing ones when the stream ends."""
+    config = tiny_drafter(target, "depth_causal").config
+    check = WeightCheck(config, "stream")
+    for name, shape in check.expected.items():
+        if name != "layers.1.shift_mix.weight":
+            check.see(name, shape)
+    with pytest.raises(SpecError, match=r"lacks 1 weight.*\['layers\.1\.shift_mix\.weight'\]"):
+        check.finish()
+    with pytest.raises(SpecError, match="'lm_head.weight' is not part of a depth_causal drafter"):
+        check.see("lm_head.weight", (256, 64))
+    with pytest.raises(SpecError, match=r"fc\.weight has shape \(1, 2\)"):
+        check.see("fc.weight", (1, 2))
 
 
 def test_weights_of_another_variant_are_refused(target, tmp_path):

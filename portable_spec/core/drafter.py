@@ -230,23 +230,45 @@ def expected_weight_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:
     return {name: tuple(tensor.shape) for name, tensor in drafter.state_dict().items()}
 
 
-def check_weight_shapes(config: DrafterConfig, found: dict[str, tuple[int, ...]], source: str) -> None:
-    """Refuse weights whose names or shapes are not exactly the drafter's (engines' loaders would skip unknown
-    names and leave missing ones uninitialised, silently)."""
-    expected = expected_weight_shapes(config)
-    missing, unexpected = sorted(set(expected) - set(found)), sorted(set(found) - set(expected))
-    if missing or unexpected:
-        raise SpecError(
-            f"{source}: weights do not match config (variant={config.kind}, "
-            f"num_hidden_layers={config.num_hidden_layers}): missing {missing[:6]}, unexpected {unexpected[:6]}; "
-            "fix config.json or re-export the checkpoint with portable-spec"
-        )
-    for name, shape in found.items():
-        if tuple(shape) != expected[name]:
+class WeightCheck:
+    """The drafter's weight names and shapes, checked as they stream past (an engine's loader) or all at once
+    (check_weight_shapes): unknown names and wrong shapes are refused as seen, missing ones at the end. Engines'
+    loaders would skip unknown names and leave missing weights uninitialised, silently."""
+
+    def __init__(self, config: DrafterConfig, source: str) -> None:
+        self.expected = expected_weight_shapes(config)
+        self.source = source
+        self.drafter = f"{config.kind} drafter with num_hidden_layers={config.num_hidden_layers}"
+        self.seen: set[str] = set()
+
+    def see(self, name: str, shape: tuple[int, ...]) -> None:
+        if name not in self.expected:
             raise SpecError(
-                f"{source}: weight {name} has shape {tuple(shape)}, config implies {expected[name]}; "
+                f"{self.source}: weight {name!r} is not part of a {self.drafter} (expected names like "
+                f"{sorted(self.expected)[:3]}); fix config.json or re-export the checkpoint with portable-spec"
+            )
+        if tuple(shape) != self.expected[name]:
+            raise SpecError(
+                f"{self.source}: weight {name} has shape {tuple(shape)}, config.json implies {self.expected[name]}; "
                 "the config and weights come from different drafters"
             )
+        self.seen.add(name)
+
+    def finish(self) -> None:
+        missing = sorted(set(self.expected) - self.seen)
+        if missing:
+            raise SpecError(
+                f"{self.source}: lacks {len(missing)} weight(s) a {self.drafter} needs: {missing[:6]}; an engine "
+                "would leave them uninitialised. fix: re-save the checkpoint with portable-spec"
+            )
+
+
+def check_weight_shapes(config: DrafterConfig, found: dict[str, tuple[int, ...]], source: str) -> None:
+    """Refuse weights whose names or shapes are not exactly the drafter's (WeightCheck over all of them)."""
+    check = WeightCheck(config, source)
+    for name, shape in found.items():
+        check.see(name, shape)
+    check.finish()
 
 
 def load_drafter(ckpt_dir: Path, dtype=torch.float32) -> Drafter:

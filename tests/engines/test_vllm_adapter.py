@@ -30,6 +30,7 @@ from portable_spec.adapters.vllm.llm_api import spec_decode_counters as spec_cou
 from portable_spec.core import fixtures
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.drafter import WeightCheck
 from portable_spec.core.spec import DrafterConfig, SpecError, read_config
 from portable_spec.core.target import TargetModel
 
@@ -90,7 +91,7 @@ def test_validate_refuses_what_vllm_cannot_serve(tmp_path):
         validate.check_num_speculative_tokens(configs["depth_causal"], 8, "dc")
     assert shared_validate.portable_config_of(json.dumps({"architectures": ["DFlashDraftModel"]}), "z-lab") is None
 
-    check = validate.WeightCheck(configs["depth_causal"], "dc")
+    check = WeightCheck(configs["depth_causal"], "dc")
     for name, shape in check.expected.items():
         if name != "layers.1.shift_mix.weight":
             check.see(name, shape)

@@ -29,6 +29,7 @@ from vllm.transformers_utils.repo_utils import get_hf_file_bytes
 from portable_spec.adapters import shared_validate
 from portable_spec.adapters.vllm import validate
 from portable_spec.core.binding import check_target_matches, target_fingerprint
+from portable_spec.core.drafter import WeightCheck
 from portable_spec.core.drafter_layers import ShiftMix
 from portable_spec.core.spec import DrafterConfig, SpecError
 
@@ -139,7 +140,7 @@ class _PortableDraft(DFlashQwen3ForCausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]):
         if self.portable is None:
             return super().load_weights(weights)
-        check = validate.WeightCheck(self.portable, f"{self.draft_model_config.model}/model.safetensors")
+        check = WeightCheck(self.portable, f"{self.draft_model_config.model}/model.safetensors")
 
         def checked():
             for name, tensor in weights:

@@ -1,4 +1,5 @@
-"""What the vLLM adapter checks, with no vLLM import: version, checkpoint, speculative options, weights, binding.
+"""What the vLLM adapter checks, with no vLLM import: version, checkpoint, speculative options (weights: the core
+WeightCheck; binding: binding.check_target_matches).
 
 vLLM's `num_speculative_tokens` K counts drafts only (its draft query block is [anchor, MASK x K], K + 1 slots),
 so it is portable-spec's `num_draft_tokens`.
@@ -7,7 +8,6 @@ so it is portable-spec's `num_draft_tokens`.
 from __future__ import annotations
 
 from portable_spec.adapters import shared_validate
-from portable_spec.core.drafter import expected_weight_shapes
 from portable_spec.core.spec import (
     AutoregressiveVariant,
     DepthCausalVariant,
@@ -74,34 +74,3 @@ def check_num_speculative_tokens(config: DrafterConfig, num_speculative_tokens: 
             f"{source}: num_speculative_tokens={k} does not fit this {config.kind} drafter "
             f"(block_size={config.block_size}; vLLM runs a K + 1 slot block): use {allowed}"
         )
-
-
-class WeightCheck:
-    """Follows vLLM's weight stream: refuses unknown names and wrong shapes as they pass, missing ones at the end
-    (vLLM itself leaves a missing weight uninitialised, silently)."""
-
-    def __init__(self, config: DrafterConfig, source: str) -> None:
-        self.expected = expected_weight_shapes(config)
-        self.source, self.kind = source, config.kind
-        self.seen: set[str] = set()
-
-    def see(self, name: str, shape: tuple[int, ...]) -> None:
-        if name not in self.expected:
-            raise SpecError(
-                f"{self.source}: weight {name!r} is not part of a {self.kind} drafter (expected names like "
-                f"{sorted(self.expected)[:3]}); the checkpoint was not written by portable-spec for this config"
-            )
-        if shape != self.expected[name]:
-            raise SpecError(
-                f"{self.source}: weight {name} has shape {shape}, config.json implies {self.expected[name]}; "
-                "the config and weights come from different drafters"
-            )
-        self.seen.add(name)
-
-    def finish(self) -> None:
-        missing = sorted(set(self.expected) - self.seen)
-        if missing:
-            raise SpecError(
-                f"{self.source}: model.safetensors lacks {len(missing)} weight(s) a {self.kind} drafter needs: "
-                f"{missing[:6]}; vLLM would leave them uninitialised. fix: re-save the checkpoint with portable-spec"
-            )
