@@ -16,7 +16,7 @@ onnx = pytest.importorskip("onnx")
 from portable_spec.adapters.onnx import OnnxBackend, OnnxDrafterGraph, OnnxProposer  # noqa: E402
 from portable_spec.adapters.onnx_export import GRAPH_FILE, META_PREFIX, export_bound_drafter, export_onnx  # noqa: E402
 from portable_spec.cli import main  # noqa: E402
-from portable_spec.core.backends import BACKENDS, ReferenceBackend, get_backend  # noqa: E402
+from portable_spec.core.backends import BACKENDS, ReferenceBackend, get_backend, inherited_components  # noqa: E402
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
 from portable_spec.core.outputs import OUTPUT_MARKER  # noqa: E402
 from portable_spec.core.proposer import TorchProposer  # noqa: E402
@@ -224,3 +224,9 @@ def test_trained_fixtures_if_present(tmp_path):
     ours = SpeculativeDecoder(target, OnnxProposer(graph)).generate(prompts, config)
     assert ours.tokens == SpeculativeDecoder(target).generate(prompts, config).tokens
     assert ours.stats.acceptance_length > 1.0
+
+
+def test_onnx_decoding_is_its_own_in_the_report():
+    """The ONNX backend shares the reference's target and verifier but drafts with its graph: the suite checks its
+    generate and acceptance (they are not marked as inherited)."""
+    assert set(inherited_components(OnnxBackend())) == {"verify", "target_forward"}

@@ -14,13 +14,13 @@ import torch
 
 from portable_spec.adapters.onnx_export import (
     GRAPH_FILE,
-    INPUT_NAMES,
     OUTPUT_NAME,
     GraphMetadata,
     export_bound_drafter,
+    graph_inputs,
     session_options,
 )
-from portable_spec.core.backends import Acceptance, Backend, ReferenceBackend
+from portable_spec.core.backends import DecoderBackend, ReferenceBackend
 from portable_spec.core.decode import SpeculativeDecoder
 from portable_spec.core.drafter import greedy_drafts
 from portable_spec.core.spec import DrafterConfig, SpecError
@@ -62,14 +62,8 @@ class OnnxDrafterGraph:
             block_ids = torch.cat((block_ids, pad), dim=-1)
             tail = block_positions[..., -1:] + torch.arange(1, k - width + 1, device=block_positions.device)
             block_positions = torch.cat((block_positions, tail), dim=-1)
-        inputs = (
-            features.float(),
-            context_positions.long(),
-            context_valid.bool(),
-            block_ids.long(),
-            block_positions.long(),
-        )
-        feeds = {name: tensor.detach().cpu().numpy() for name, tensor in zip(INPUT_NAMES, inputs)}
+        inputs = graph_inputs(features, context_positions, context_valid, block_ids, block_positions)
+        feeds = {name: tensor.detach().cpu().numpy() for name, tensor in inputs.items()}
         (logits,) = self.session.run([OUTPUT_NAME], feeds)
         return torch.from_numpy(logits)[..., :width, :]  # [B, 1, width, V]
 
@@ -113,7 +107,7 @@ class OnnxProposer:
         return num_drafts if self.behaviour.autoregressive else 1
 
 
-class OnnxBackend(Backend):
+class OnnxBackend(DecoderBackend):
     """Drafting in onnxruntime from the exported graph; `drafter_dir` is a graph dir or a checkpoint to export."""
 
     name = "onnx"
@@ -165,10 +159,3 @@ class OnnxBackend(Backend):
         target = TargetModel.load(target_dir)
         proposer = OnnxProposer(self.graph(target, target_dir, drafter_dir)) if drafter_dir is not None else None
         return SpeculativeDecoder(target, proposer)
-
-    def generate(self, target_dir, drafter_dir, prompts, config):
-        return self.decoder(target_dir, drafter_dir).generate(prompts, config).tokens
-
-    def acceptance(self, target_dir, drafter_dir, prompts, config):
-        output = self.decoder(target_dir, drafter_dir).generate(prompts, config)
-        return Acceptance.of_output(output, config.num_draft_tokens)

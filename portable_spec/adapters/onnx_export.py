@@ -30,6 +30,7 @@ ONNX_FORMAT_VERSION = 1
 DEFAULT_OPSET = 17
 SUPPORTED_OPSETS = range(14, 21)  # 14: first with Trilu; 20: the legacy exporter's newest
 INPUT_NAMES = ("features", "context_positions", "context_valid", "block_ids", "block_positions")
+INPUT_DTYPES = (torch.float32, torch.int64, torch.bool, torch.int64, torch.int64)  # the graph's, in that order
 OUTPUT_NAME = "logits"
 META_PREFIX = "portable_spec."
 EXPORT_TOLERANCE = 1e-4  # max abs logits error, fp32, onnxruntime vs torch, checked on every export
@@ -166,6 +167,12 @@ def check_block_size(requested: str | int | None, config: DrafterConfig) -> None
         )
 
 
+def graph_inputs(features, context_positions, context_valid, block_ids, block_positions) -> dict[str, torch.Tensor]:
+    """The graph's inputs by name, in the dtypes it declares: what a runtime (onnxruntime, TensorRT) is fed."""
+    inputs = (features, context_positions, context_valid, block_ids, block_positions)
+    return {name: tensor.to(dtype) for name, tensor, dtype in zip(INPUT_NAMES, inputs, INPUT_DTYPES)}
+
+
 def example_inputs(config: DrafterConfig, batch: int = 2, context: int = 5, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """Inputs of the graph's shapes; context_valid has holes, as a decode cache does."""
     generator = torch.Generator().manual_seed(seed)
@@ -272,7 +279,7 @@ def verify_graph(bound: BoundDrafter, graph_path: Path) -> float:
 
     session = ort.InferenceSession(str(graph_path), session_options(), providers=["CPUExecutionProvider"])
     inputs = example_inputs(bound.drafter.config, batch=3, context=9, seed=1)
-    (logits,) = session.run([OUTPUT_NAME], {n: t.numpy() for n, t in zip(INPUT_NAMES, inputs)})
+    (logits,) = session.run([OUTPUT_NAME], {n: t.numpy() for n, t in graph_inputs(*inputs).items()})
     with torch.no_grad():
         reference = bound(*inputs)
     logits = torch.from_numpy(logits)

@@ -116,7 +116,23 @@ class Backend(ABC):
         return False
 
 
-class ReferenceBackend(Backend):
+class DecoderBackend(Backend):
+    """A backend that drafts inside the reference decode loop (with its own proposer and the shared verifier):
+    `decoder` is what it brings; generate and acceptance are the loop's."""
+
+    @abstractmethod
+    def decoder(self, target_dir: Path, drafter_dir: Path | None) -> SpeculativeDecoder:
+        """The reference loop over this backend's drafter; drafter_dir None: the target decodes alone."""
+
+    def generate(self, target_dir, drafter_dir, prompts, config):
+        return self.decoder(target_dir, drafter_dir).generate(prompts, config).tokens
+
+    def acceptance(self, target_dir, drafter_dir, prompts, config):
+        output = self.decoder(target_dir, drafter_dir).generate(prompts, config)
+        return Acceptance.of_output(output, config.num_draft_tokens)
+
+
+class ReferenceBackend(DecoderBackend):
     """The specification: the torch drafter, the shared verifier and the reference decode loop."""
 
     name = "reference"
@@ -142,21 +158,16 @@ class ReferenceBackend(Backend):
         target = TargetModel.load(target_dir)
         return SpeculativeDecoder(target, target.load_drafter(drafter_dir) if drafter_dir is not None else None)
 
-    def generate(self, target_dir, drafter_dir, prompts, config):
-        return self.decoder(target_dir, drafter_dir).generate(prompts, config).tokens
 
-    def acceptance(self, target_dir, drafter_dir, prompts, config):
-        output = self.decoder(target_dir, drafter_dir).generate(prompts, config)
-        return Acceptance.of_output(output, config.num_draft_tokens)
-
-
-COMPONENTS = (
-    "verify",
-    "target_forward",
-    "block_logits",
-    "generate",
-    "acceptance",
-)  # what a conformance check exercises
+# What a conformance check exercises -> the backend methods that run it: a component is the reference's own
+# when every one of them is (generate through DecoderBackend is the reference's only with the reference's decoder).
+COMPONENTS: dict[str, tuple[str, ...]] = {
+    "verify": ("verify",),
+    "target_forward": ("target_forward",),
+    "block_logits": ("block_logits",),
+    "generate": ("generate", "decoder"),
+    "acceptance": ("acceptance", "decoder"),
+}
 
 
 def is_reference(backend: Backend) -> bool:
@@ -168,10 +179,9 @@ def inherited_components(backend: Backend) -> dict[str, str]:
     """component -> the reference function a backend runs for it unchanged (Backend.verify is the shared
     verifier, the reference's): a check of such a component compares the reference with itself."""
     found = {}
-    for name in COMPONENTS:
-        mine, reference = getattr(type(backend), name), getattr(ReferenceBackend, name)
-        if mine is reference:
-            found[name] = reference.__qualname__
+    for component, methods in COMPONENTS.items():
+        if all(getattr(type(backend), m, None) is getattr(ReferenceBackend, m) for m in methods):
+            found[component] = " + ".join(getattr(ReferenceBackend, m).__qualname__ for m in methods)
     return found
 
 

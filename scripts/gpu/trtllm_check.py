@@ -32,7 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from portable_spec.adapters.onnx import OnnxProposer  # noqa: E402
-from portable_spec.adapters.onnx_export import INPUT_NAMES, OUTPUT_NAME, GraphMetadata  # noqa: E402
+from portable_spec.adapters.onnx_export import OUTPUT_NAME, GraphMetadata, graph_inputs  # noqa: E402
 from portable_spec.adapters.tensorrt_llm import MANIFEST_FILE, ExportRequest, export_trtllm  # noqa: E402
 from portable_spec.adapters.tensorrt_llm.plugin import register  # noqa: E402
 from portable_spec.core import fixtures, real_assets  # noqa: E402
@@ -76,15 +76,9 @@ class TensorRTGraph:
         self.context = self.engine.create_execution_context()
 
     def block_logits(self, features, context_positions, context_valid, block_ids, block_positions) -> torch.Tensor:
-        inputs = (
-            features.float(),
-            context_positions.long(),
-            context_valid.bool(),
-            block_ids.long(),
-            block_positions.long(),
-        )
-        feeds = [t.to("cuda").contiguous() for t in inputs]  # kept alive until the stream syncs
-        for name, tensor in zip(INPUT_NAMES, feeds):
+        inputs = graph_inputs(features, context_positions, context_valid, block_ids, block_positions)
+        feeds = {name: t.to("cuda").contiguous() for name, t in inputs.items()}  # kept alive until the stream syncs
+        for name, tensor in feeds.items():
             self.context.set_input_shape(name, tuple(tensor.shape))
             self.context.set_tensor_address(name, tensor.data_ptr())
         logits = torch.empty(tuple(self.context.get_tensor_shape(OUTPUT_NAME)), dtype=torch.float32, device="cuda")

@@ -19,7 +19,7 @@ from portable_spec.conformance.runner import (
     resolve_backend,
     run_check,
 )
-from portable_spec.core.backends import BACKENDS, ReferenceBackend
+from portable_spec.core.backends import BACKENDS, ReferenceBackend, inherited_components
 from tests.conformance.toy_backends import (
     DecodeLayerShiftBackend,
     EchoReferenceBackend,
@@ -201,3 +201,12 @@ def test_a_layer_shift_in_decoding_is_caught_by_acceptance_not_by_greedy_equalit
         failed = results[f"acceptance/heldout/{kind}"]
         assert failed.status == FAIL, kind
         assert "accepted drafts per position" in failed.detail or "drafting rounds" in failed.detail, failed.detail
+
+
+def test_inherited_components_follow_the_decoder() -> None:
+    """A backend that drafts in the reference loop with its own decoder (ONNX, a broken one) decodes independently
+    of the reference; one that keeps the reference's decoder (a verify-only change) runs the reference's decoding."""
+    assert set(inherited_components(LayerShiftBackend())) == {"verify", "block_logits", "generate", "acceptance"}
+    assert set(inherited_components(DecodeLayerShiftBackend())) == {"verify", "target_forward", "block_logits"}
+    assert set(inherited_components(OffByOneBackend())) == {"target_forward", "block_logits", "generate", "acceptance"}
+    assert set(inherited_components(EchoReferenceBackend())) == {"verify"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from portable_spec.core.backends import Acceptance, Backend, ReferenceBackend
+from portable_spec.core.backends import Backend, ReferenceBackend
 from portable_spec.core.noise import VerifyNoise
 from portable_spec.core.sampling import SamplingBatch, target_probs
 from portable_spec.core.spec import read_config
@@ -143,10 +143,3 @@ class DecodeLayerShiftBackend(ReferenceBackend):
         if decoder.layer_ids is not None:
             decoder.layer_ids = [i - 1 for i in decoder.layer_ids]  # target.forward reads hidden[i + 1]
         return decoder
-
-    def generate(self, target_dir, drafter_dir, prompts, config):
-        return self.decoder(target_dir, drafter_dir).generate(prompts, config).tokens
-
-    def acceptance(self, target_dir, drafter_dir, prompts, config):
-        output = self.decoder(target_dir, drafter_dir).generate(prompts, config)
-        return Acceptance.of_output(output, config.num_draft_tokens)
