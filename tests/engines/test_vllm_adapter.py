@@ -30,7 +30,6 @@ from portable_spec.adapters.vllm.llm_api import spec_decode_counters as spec_cou
 from portable_spec.core import fixtures
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.core.drafter import WeightCheck
 from portable_spec.core.spec import DrafterConfig, SpecError, read_config
 from portable_spec.core.target import TargetModel
 
@@ -90,15 +89,6 @@ def test_validate_refuses_what_vllm_cannot_serve(tmp_path):
     with pytest.raises(SpecError, match=r"use 1\.\.7 "):
         validate.check_num_speculative_tokens(configs["depth_causal"], 8, "dc")
     assert shared_validate.portable_config_of(json.dumps({"architectures": ["DFlashDraftModel"]}), "z-lab") is None
-
-    check = WeightCheck(configs["depth_causal"], "dc")
-    for name, shape in check.expected.items():
-        if name != "layers.1.shift_mix.weight":
-            check.see(name, shape)
-    with pytest.raises(SpecError, match=r"lacks 1 weight.*layers\.1\.shift_mix\.weight"):
-        check.finish()
-    with pytest.raises(SpecError, match="not part of a depth_causal drafter"):
-        check.see("lm_head.weight", (256, 64))
 
 
 def test_plugin_names_match_checkpoint_architectures():
@@ -419,7 +409,7 @@ REFUSALS = {  # case -> (target, drafter, expected message) built under tmp
     "missing_shift_mix": (
         lambda tmp: ASSETS / "target",
         lambda tmp: _drafter_without(tmp / "d", "layers.1.shift_mix.weight"),
-        r"lacks 1 weight\(s\) a depth_causal drafter needs: \['layers\.1\.shift_mix\.weight'\]",
+        r"lacks 1 weight\(s\) a depth_causal drafter .* needs: \['layers\.1\.shift_mix\.weight'\]",
     ),
     "autoregressive": (
         lambda tmp: ASSETS / "target",
