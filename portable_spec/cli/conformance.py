@@ -16,32 +16,6 @@ from portable_spec.core.backends import backend_names
 from portable_spec.core.outputs import write_file_atomically
 from portable_spec.core.spec import SpecError
 
-
-def _stable(detail: str) -> str:
-    """A reason without what the run happened to print after it (an xfail's "(was: ...)" may hold engine garbage)."""
-    return detail.replace("\n", " ").split(" (was: ")[0]
-
-
-def stale_cells(outcomes, report_path: Path, backends: set[str]) -> list[str]:
-    """Cells of the committed report that disagree with `outcomes` for the given backends (status and reason)."""
-    from portable_spec.conformance.runner import PASS, SPEC, parse_report
-
-    if not Path(report_path).is_file():
-        raise SpecError(f"--check-report {report_path}: not a file; generate it with `portable-spec conformance`")
-    committed = parse_report(Path(report_path).read_text())
-    differ = []
-    for outcome in outcomes:
-        if outcome.backend not in backends:
-            continue
-        now = (outcome.status, "" if outcome.status in (PASS, SPEC) else _stable(outcome.detail))
-        then = committed.get((outcome.backend, outcome.check))
-        if then is not None:
-            then = (then[0], _stable(then[1]))
-        if then != now:
-            differ.append(f"{outcome.backend} x {outcome.check}: committed {then}, this run {now}")
-    return differ
-
-
 REPORT_HEADING = "# Conformance report"
 
 
@@ -99,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         load_expected_failures,
         resolve_backend,
         run_suite,
+        stale_cells,
     )
     from portable_spec.conformance.workspace import Workspace
 

@@ -42,7 +42,7 @@ class Drafter(nn.Module):
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         if config.draft_vocab_size is not None:  # EAGLE-3 layout: target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
-        self.shared: SharedTargetModules | None = None  # the target's, set only by TargetModel.bind
+        self.shared: SharedTargetModules | None = None  # the target's modules, given by TargetModel.bind
         self._head_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     # -- vocabulary ------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Session fixtures for the conformance suite: one workspace (tiny models, memoised reference results) per run."""
+"""Session fixtures for the conformance suite: one workspace (tiny models, memoised reference results) per run, and
+the outcomes it produced, so the committed-report check reuses what test_backends.py already ran."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from portable_spec.conformance.runner import Outcome
 from portable_spec.conformance.workspace import Workspace
 
 
@@ -22,3 +24,9 @@ def one_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
     return Workspace(tmp_path_factory.mktemp("conformance"))
+
+
+@pytest.fixture(scope="session")
+def outcomes() -> dict[tuple[str, str], Outcome]:
+    """(backend, check id) -> the outcome this session computed for it."""
+    return {}

@@ -37,8 +37,8 @@ def _resolved(name: str) -> ResolvedBackend:
     "backend_name, check",
     [pytest.param(name, check, id=f"{name}:{check.id}") for name in backend_names() for check in CHECKS],
 )
-def test_conformance(backend_name, check, workspace) -> None:
-    outcome = run_check(_resolved(backend_name), check, workspace, EXPECTED)
+def test_conformance(backend_name, check, workspace, outcomes) -> None:
+    outcome = outcomes[backend_name, check.id] = run_check(_resolved(backend_name), check, workspace, EXPECTED)
     if outcome.status in (SKIP, INHERITS, SPEC):  # none of them is a pass
         pytest.skip(f"{outcome.status}: {outcome.detail}")
     if outcome.status == XFAIL:
