@@ -50,15 +50,12 @@ def load_setup(
             (),
             f"fixture target {fixtures.target_dir()} (held-out Python stdlib prompts)",
         )
-    from transformers import AutoTokenizer
-
     from portable_spec.core.real_target import fetch_target
 
-    target_dir = fetch_target(which)
-    target = TargetModel.load(target_dir)
+    target = TargetModel.load(fetch_target(which), tokenizer=True)
     target.model.to(device)
     drafters = drafters_for(target, real_assets.drafter_dir)
-    eos = AutoTokenizer.from_pretrained(str(target_dir)).eos_token_id
+    eos = target.tokenizer.eos_token_id
     return BenchSetup(
         which,
         target,

@@ -238,13 +238,12 @@ def format_table(runs: list[MethodRun]) -> str:
 
 def run_vllm_bench(args: argparse.Namespace) -> int:
     _check_args(args)
-    from transformers import AutoTokenizer
-
     from portable_spec.core.real_target import fetch_target
+    from portable_spec.core.target_checks import load_tokenizer
 
     target_dir = fetch_target(args.target)
     prompts = real_assets.heldout_prompts()[: args.prompts]
-    stop = (AutoTokenizer.from_pretrained(str(target_dir)).eos_token_id,)
+    stop = (load_tokenizer(target_dir).eos_token_id,)
     runs, outputs = [], {}
     for method in METHODS:
         method_runs, outputs[method] = run_method(method, args, target_dir, prompts)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from portable_spec.core import fixtures
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
 from portable_spec.core.spec import SpecError, read_config
 from portable_spec.core.target import TargetModel
-from portable_spec.core.target_checks import check_target_dir, load_tokenizer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,9 +44,8 @@ def run(args: argparse.Namespace) -> int:
         ) from None
     if args.drafter:
         read_config(args.drafter).check_num_draft_tokens(args.num_draft_tokens)
-    check_target_dir(Path(args.target))
-    tokenizer = load_tokenizer(args.target)
-    target = TargetModel.load(args.target)
+    target = TargetModel.load(args.target, tokenizer=True)
+    tokenizer = target.tokenizer
     drafter = target.load_drafter(args.drafter) if args.drafter else None
     config = config.model_copy(update={"stop_token_ids": (tokenizer.eos_token_id,)})
     prompt = tokenizer.encode(args.prompt)

@@ -24,7 +24,6 @@ from portable_spec.core.outputs import (
 )
 from portable_spec.core.real_target import KNOWN_TARGETS
 from portable_spec.core.spec import VARIANT_KINDS, SpecError
-from portable_spec.core.target_checks import load_tokenizer
 from portable_spec.training.recipe import STAGES, RecipeConfig, prompts_prepared, run_recipe
 from portable_spec.training.train import TrainConfig, check_shapes
 
@@ -172,9 +171,9 @@ def _train(args: argparse.Namespace, train: TrainConfig, recipe: RecipeConfig, d
     from portable_spec.core.target import TargetModel
 
     target_dir = resolve_target(args.target)
-    target = TargetModel.load(target_dir, dtype=DTYPES[args.dtype])
+    target = TargetModel.load(target_dir, dtype=DTYPES[args.dtype], tokenizer=True)
     target.model.to(device)
-    tokenizer = load_tokenizer(target_dir)
+    tokenizer = target.tokenizer
     model_id = KNOWN_TARGETS[args.target].model_id if args.target in KNOWN_TARGETS else target_model_id(target_dir)
     out = run_recipe(
         target,

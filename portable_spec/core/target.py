@@ -16,22 +16,28 @@ from transformers import DynamicCache, PreTrainedModel
 from portable_spec.core.binding import check_target_matches, target_fingerprint
 from portable_spec.core.drafter import Drafter, SharedTargetModules, load_drafter
 from portable_spec.core.spec import DrafterConfig, SpecError, parse_config
-from portable_spec.core.target_checks import load_causal_lm
+from portable_spec.core.target_checks import check_target_dir, load_causal_lm, load_tokenizer
 
 
 class TargetModel:
     """A causal LM plus what the drafter needs from it: features at chosen layers, embedding, LM head."""
 
-    def __init__(self, model: PreTrainedModel, model_id: str) -> None:
+    def __init__(self, model: PreTrainedModel, model_id: str, tokenizer=None) -> None:
         self.model = model.eval()
         self.model_id = model_id
+        self.tokenizer = tokenizer  # loaded only when asked (TargetModel.load(..., tokenizer=True))
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
 
     @classmethod
-    def load(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "TargetModel":
-        """A local decoder-only causal LM whose weights all loaded (target_checks), else one SpecError."""
-        return cls(load_causal_lm(path, dtype), str(path))
+    def load(cls, path: str | Path, dtype: torch.dtype = torch.float32, tokenizer: bool = False) -> "TargetModel":
+        """A local decoder-only causal LM whose weights all loaded, else one SpecError (target_checks). The one
+        target loader: the directory is checked once, then (tokenizer=True) its tokenizer with an EOS id, so every
+        refusal comes before the weights load."""
+        path = Path(path)
+        check_target_dir(path)
+        loaded_tokenizer = load_tokenizer(path) if tokenizer else None
+        return cls(load_causal_lm(path, dtype), str(path), loaded_tokenizer)
 
     @property
     def config(self):

@@ -81,11 +81,11 @@ def check_target_dir(path: Path) -> dict:
 
 
 def load_causal_lm(path: str | Path, dtype: torch.dtype):
-    """AutoModelForCausalLM from a checked directory; refused unless every weight loaded and none was left over."""
+    """AutoModelForCausalLM from a directory check_target_dir passed (TargetModel.load checks it first); refused
+    unless every weight loaded and none was left over."""
     from transformers import AutoModelForCausalLM
 
     path = Path(path)
-    check_target_dir(path)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=dtype, attn_implementation="sdpa", output_loading_info=True
