@@ -213,6 +213,11 @@ CASES = [
         gen()[:3] + ("{partial_target}",),
         expect=r"weights do not match its config \(missing_keys: \['model\.norm\.weight'\]",
     ),
+    Case(
+        "generate --target TOKENIZER_WITHOUT_EOS",
+        gen()[:3] + ("{no_eos_target}",),
+        expect=r"target=.*: its tokenizer has no EOS token id, so generation could not stop",
+    ),
     # -- sampling and generation options (refused before any model loads) ------------------------------------
     Case("generate --temperature -1", gen("--temperature", "-1"), expect=r"sampling\.temperature=-1\.0"),
     Case("generate --temperature nan", gen("--temperature", "nan"), expect=r"sampling\.temperature=nan"),
@@ -544,6 +549,12 @@ def built(tmp_path_factory) -> dict[str, Path]:
     weights.pop("model.norm.weight")
     save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
     paths["partial_target"] = broken
+    broken = root / "no_eos_target"
+    shutil.copytree(target, broken)
+    tokenizer_config = json.loads((broken / "tokenizer_config.json").read_text())
+    del tokenizer_config["eos_token"]
+    (broken / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    paths["no_eos_target"] = broken
     from transformers import BertConfig, BertForMaskedLM
 
     BertForMaskedLM(
@@ -733,6 +744,17 @@ def test_bad_input(case: Case, built, fixture_target, tmp_path, capsys):
     assert _tree_hashes(built) == before, "a bad input changed files it did not create"
     assert not (tmp_path / "out").exists() or case.api is not None
     OBSERVED[case.name] = (status, _normalise(message, paths))
+
+
+def test_a_target_refused_for_its_tokenizer_never_loads_its_weights(built, monkeypatch):
+    """TargetModel.load checks the directory and the tokenizer before the weights (the one target loader)."""
+
+    def weights_loaded(*args, **kwargs):
+        raise AssertionError("the target's weights were loaded before its tokenizer was refused")
+
+    monkeypatch.setattr("portable_spec.core.target.load_causal_lm", weights_loaded)
+    with pytest.raises(SpecError, match="no EOS token id"):
+        TargetModel.load(built["no_eos_target"], tokenizer=True)
 
 
 def test_generation_config_takes_integers_not_booleans():
