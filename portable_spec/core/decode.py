@@ -71,10 +71,14 @@ def check_request_ids(request_ids: list[int], batch: int) -> None:
 class DecodeStats:
     rounds: int = 0  # target verification passes (excluding prefill)
     drafter_passes: int = 0
-    emitted_per_round: list[int] = field(default_factory=list)  # accepted + 1, per active request per round
     drafts_verified: int = 0  # draft slots the target scored, over active requests (< rounds x n when cut)
     accepted_by_request: list[list[int]] = field(default_factory=list)  # per request, accepted drafts per round
     seconds: float = 0.0
+
+    @property
+    def emitted_per_round(self) -> list[int]:
+        """Tokens emitted (accepted + 1) in every round of every active request, request by request."""
+        return [accepted + 1 for request in self.accepted_by_request for accepted in request]
 
     @property
     def acceptance_length(self) -> float:
@@ -274,7 +278,6 @@ class SpeculativeDecoder:
             state.context = self.proposer.extend(state.context, features, chain_pos)
         for row in state.active.nonzero()[:, 0].tolist():
             accepted = int(result.accepted_len[row])
-            state.stats.emitted_per_round.append(accepted + 1)
             state.stats.accepted_by_request[row].append(accepted)
             state.stats.drafts_verified += int(round_drafts[row]) if round_drafts is not None else n
             state.outputs[row].extend(result.output_tokens[row, : accepted + 1].tolist())
