@@ -22,6 +22,17 @@ import torch
 from safetensors.torch import save_file
 
 UPSTREAM_LAYOUTS = ("zlab", "specforge", "speculators")
+# Fields that are Qwen3Config's own arguments, under the same names in DFlashShape and a portable config.
+QWEN3_FIELDS = (
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "rms_norm_eps",
+    "vocab_size",
+)
 
 
 @dataclass(frozen=True)
@@ -59,15 +70,8 @@ def _qwen3_config(shape: DFlashShape):
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        num_hidden_layers=shape.num_hidden_layers,
-        hidden_size=shape.hidden_size,
-        num_attention_heads=shape.num_attention_heads,
-        num_key_value_heads=shape.num_key_value_heads,
-        head_dim=shape.head_dim,
-        intermediate_size=shape.intermediate_size,
-        rms_norm_eps=shape.rms_norm_eps,
+        **{name: getattr(shape, name) for name in QWEN3_FIELDS},
         rope_parameters={"rope_type": "default", "rope_theta": shape.rope_theta},
-        vocab_size=shape.vocab_size,
         max_position_embeddings=32768,
         tie_word_embeddings=False,
     )
@@ -121,15 +125,8 @@ def write_upstream(layout: str, out: Path, shape: DFlashShape, weights: dict[str
 def shape_of_portable(config) -> DFlashShape:
     """The upstream description of a portable parallel drafter (to lay the shipped fixture out upstream)."""
     return DFlashShape(
-        num_hidden_layers=config.num_hidden_layers,
-        hidden_size=config.hidden_size,
-        num_attention_heads=config.num_attention_heads,
-        num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
-        intermediate_size=config.intermediate_size,
-        rms_norm_eps=config.rms_norm_eps,
+        **{name: getattr(config, name) for name in QWEN3_FIELDS},
         rope_theta=config.rope_theta,
-        vocab_size=config.vocab_size,
         block_size=config.block_size,
         target_layer_ids=list(config.target_layer_ids),
         mask_token_id=config.mask_token_id,
