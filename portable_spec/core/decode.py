@@ -152,7 +152,7 @@ class SpeculativeDecoder:
             )
         if not prompts:
             raise SpecError("prompts is empty: pass at least one prompt")
-        vocab = self.target.model.get_input_embeddings().weight.shape[0]
+        vocab = self.target.vocab_size
         outside = [t for t in config.stop_token_ids if t >= vocab]
         if outside:
             raise SpecError(

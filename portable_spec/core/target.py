@@ -47,6 +47,11 @@ class TargetModel:
     def device(self) -> torch.device:
         return self.model.device
 
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the target's embedding: the token ids it accepts (config.vocab_size may differ when padded)."""
+        return self.model.get_input_embeddings().weight.shape[0]
+
     @cached_property
     def fingerprint(self) -> str:
         return target_fingerprint(self.model.get_input_embeddings().weight, self.model.get_output_embeddings().weight)
@@ -58,7 +63,7 @@ class TargetModel:
             "architecture": type(self.model).__name__,
             "hidden_size": self.config.hidden_size,
             "num_hidden_layers": self.config.num_hidden_layers,
-            "vocab_size": self.model.get_input_embeddings().weight.shape[0],
+            "vocab_size": self.vocab_size,
             "fingerprint": self.fingerprint,
         }
 
@@ -70,7 +75,7 @@ class TargetModel:
             config,
             hidden_size=self.config.hidden_size,
             num_hidden_layers=self.config.num_hidden_layers,
-            vocab_size=self.model.get_input_embeddings().weight.shape[0],
+            vocab_size=self.vocab_size,
             fingerprint=self.fingerprint,
             served_as=f"target {self.model_id!r}",
         )
@@ -165,7 +170,7 @@ def drafter_config_for(
             "intermediate_size": intermediate_size or t.intermediate_size,
             "rms_norm_eps": t.rms_norm_eps,
             "rope_theta": float(getattr(t, "rope_theta", None) or t.rope_parameters["rope_theta"]),
-            "vocab_size": target.model.get_input_embeddings().weight.shape[0],
+            "vocab_size": target.vocab_size,
             "mask_token_id": mask_token_id,
             **({"draft_vocab_size": draft_vocab_size} if draft_vocab_size is not None else {}),
             "target_layer_ids": target_layer_ids,

@@ -123,7 +123,7 @@ def build_config(target: TargetModel, tokenizer, recipe: RecipeConfig, model_id:
     layer_ids = recipe.target_layer_ids or dflash_target_layer_ids(
         target.config.num_hidden_layers, recipe.num_hidden_layers
     )
-    rows = target.model.get_input_embeddings().weight.shape[0]
+    rows = target.vocab_size
     mask = recipe.mask_token_id if recipe.mask_token_id is not None else mask_token_for(tokenizer, rows)
     draft_vocab = recipe.draft_vocab_size
     if draft_vocab is not None and draft_vocab >= rows:  # the default (8192) on a small vocabulary: score it all

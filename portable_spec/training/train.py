@@ -208,7 +208,7 @@ def train_drafter(
     progress: bool = True,
 ) -> Drafter:
     """Train on a raw token stream (the fixtures' recipe): the target runs on every batch."""
-    vocab = target.model.get_input_embeddings().weight.shape[0]
+    vocab = target.vocab_size
     if stream.ndim != 1 or stream.dtype.is_floating_point or stream.dtype == torch.bool:
         raise SpecError(
             f"stream: a 1-D tensor of integer token ids is needed, got {stream.dtype} of shape {tuple(stream.shape)}"
