@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from portable_spec.adapters.upstream.importer import import_drafter
 from portable_spec.adapters.upstream.layouts import read_upstream
 from portable_spec.adapters.upstream.speculators import export_speculators
-from portable_spec.conformance.upstream_layouts import UPSTREAM_LAYOUTS, shape_of_portable, write_upstream
+from portable_spec.conformance.upstream_layouts import UPSTREAM_LAYOUTS, write_portable_as_upstream
 from portable_spec.core import fixtures
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
 from portable_spec.core.spec import DrafterConfig, SpecError, read_config
@@ -35,24 +35,14 @@ def _same_checkpoint(a, b) -> None:
 
 @pytest.mark.parametrize("layout", UPSTREAM_LAYOUTS)
 def test_each_upstream_layout_imports_exactly(layout, tmp_path):
-    upstream = write_upstream(
-        layout,
-        tmp_path / layout,
-        shape_of_portable(read_config(PARALLEL)),
-        load_file(str(PARALLEL / "model.safetensors")),
-    )
+    upstream = write_portable_as_upstream(layout, tmp_path / layout, PARALLEL)
     assert read_upstream(upstream).layout == layout
     result = import_drafter(upstream, TARGET, tmp_path / "imported")
     _same_checkpoint(result.out, PARALLEL)  # the binding included: model_id is the verifier the checkpoint names
 
 
 def test_speculators_layer_ids_are_counted_one_higher(tmp_path):
-    upstream = write_upstream(
-        "speculators",
-        tmp_path / "s",
-        shape_of_portable(read_config(PARALLEL)),
-        load_file(str(PARALLEL / "model.safetensors")),
-    )
+    upstream = write_portable_as_upstream("speculators", tmp_path / "s", PARALLEL)
     aux = json.loads((upstream / "config.json").read_text())["aux_hidden_state_layer_ids"]
     assert (
         read_upstream(upstream).fields["target_layer_ids"]
@@ -63,9 +53,7 @@ def test_speculators_layer_ids_are_counted_one_higher(tmp_path):
 
 def test_sharded_and_prefixed_weights_import(tmp_path):
     """A sharded save (model.safetensors.index.json) whose names carry a `model.` prefix."""
-    upstream = write_upstream(
-        "zlab", tmp_path / "z", shape_of_portable(read_config(PARALLEL)), load_file(str(PARALLEL / "model.safetensors"))
-    )
+    upstream = write_portable_as_upstream("zlab", tmp_path / "z", PARALLEL)
     weights = load_file(str(upstream / "model.safetensors"))
     (upstream / "model.safetensors").unlink()
     names = sorted(weights)

@@ -15,12 +15,11 @@ from typing import Callable
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
 
 from portable_spec.adapters.upstream.importer import import_drafter
 from portable_spec.conformance.distribution import ALPHA, DRAWS, SAMPLING, distribution_fits, two_sample_p_value
 from portable_spec.conformance.golden import GOLDEN_DIR, case_paths, load_case, to_tensors
-from portable_spec.conformance.upstream_layouts import UPSTREAM_LAYOUTS, shape_of_portable, write_upstream
+from portable_spec.conformance.upstream_layouts import UPSTREAM_LAYOUTS, write_portable_as_upstream
 from portable_spec.conformance.workspace import CheckSkipped, Workspace, trained_fixture
 from portable_spec.core.backends import Acceptance, Backend, is_reference
 from portable_spec.core.decode import GenerationConfig
@@ -360,13 +359,9 @@ def _upstream_import(ctx: CheckContext, layout: str) -> None:
     target, original, prompts = _heldout_batch("parallel")
     root = ctx.workspace.root
 
-    def lay_out() -> Path:
-        shape = shape_of_portable(read_config(original))
-        return write_upstream(
-            layout, root / f"upstream-{layout}", shape, load_file(str(original / "model.safetensors"))
-        )
-
-    upstream = ctx.workspace.memo(("upstream", layout), lay_out)
+    upstream = ctx.workspace.memo(
+        ("upstream", layout), lambda: write_portable_as_upstream(layout, root / f"upstream-{layout}", original)
+    )
     drafter = upstream
     if not ctx.backend.reads_layout(layout):
         drafter = ctx.workspace.memo(

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
+
+from portable_spec.core.spec import read_config
 
 UPSTREAM_LAYOUTS = ("zlab", "specforge", "speculators")
 # Fields that are Qwen3Config's own arguments, under the same names in DFlashShape and a portable config.
@@ -135,3 +137,9 @@ def shape_of_portable(config) -> DFlashShape:
         verifier_architecture=config.target.architecture,
         draft_vocab_size=config.draft_vocab_size,
     )
+
+
+def write_portable_as_upstream(layout: str, out: Path, drafter_dir: Path) -> Path:
+    """A portable parallel drafter checkpoint (full vocabulary) laid out in `out` as `layout`'s project writes it."""
+    shape = shape_of_portable(read_config(drafter_dir))
+    return write_upstream(layout, out, shape, load_file(str(Path(drafter_dir) / "model.safetensors")))
