@@ -451,11 +451,11 @@ def upstream_runs(vllm_module, prompts, tmp_path_factory):
     SpecForge and speculators do; speculators_bidirectional is that file with sliding_window_non_causal: true;
     exported is `export speculators`), each served by vLLM as its users hand it over, first proposal recorded."""
     from portable_spec.adapters.upstream.speculators import export_speculators
-    from portable_spec.conformance.upstream_layouts import shape_of_portable, write_upstream
+    from portable_spec.conformance.upstream_layouts import write_portable_as_upstream
 
     root, source = tmp_path_factory.mktemp("upstream"), ASSETS / "drafters" / "parallel"
-    shape, weights = shape_of_portable(read_config(source)), load_file(str(source / "model.safetensors"))
-    dirs = {layout: write_upstream(layout, root / layout, shape, weights) for layout in UPSTREAM[:3]}
+    k = read_config(source).block_size - 1
+    dirs = {layout: write_portable_as_upstream(layout, root / layout, source) for layout in UPSTREAM[:3]}
     bidirectional = shutil.copytree(dirs["speculators"], root / "speculators_bidirectional")
     config = json.loads((bidirectional / "config.json").read_text())
     (bidirectional / "config.json").write_text(json.dumps({**config, "sliding_window_non_causal": True}))
@@ -465,10 +465,10 @@ def upstream_runs(vllm_module, prompts, tmp_path_factory):
     for layout, directory in dirs.items():
         with pytest.MonkeyPatch.context() as patch:
             first = FirstProposal(patch)
-            with vllm_engine(ASSETS / "target", directory, shape.block_size - 1) as llm:
+            with vllm_engine(ASSETS / "target", directory, k) as llm:
                 generate(llm, prompts[:1], max_tokens=2)
                 tokens = generate(llm, prompts)
-        runs[layout] = {"tokens": tokens, "first": first.record, "k": shape.block_size - 1}
+        runs[layout] = {"tokens": tokens, "first": first.record, "k": k}
     return runs
 
 
