@@ -414,6 +414,16 @@ CASES = [
         expect=r"reply_batch_size=0: Input should be greater than or equal to 1",
     ),
     Case("train --time-budget 0", TRAIN + ("--time-budget", "0"), expect=r"time_budget=0\.0"),
+    Case(
+        "train --eval-blocks 32 (block 16)",
+        TRAIN + ("--eval-blocks", "4", "32"),
+        expect=r"--eval-blocks 32: measure blocks in 2\.\.16",
+    ),
+    Case(
+        "train --init-from A_DEPTH_CAUSAL_DRAFTER --kind parallel",
+        TRAIN + ("--init-from", "{dc}"),
+        expect=r"--init-from .*: its kind is 'depth_causal', this run asks for 'parallel'",
+    ),
     # -- API ------------------------------------------------------------------------------------------------------
     Case("SpeculativeDecoder.generate([[1, 3.7]], ...)", api=_api_prompt_float, expect=r"prompts\[0\] holds 3\.7"),
     Case(

@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from portable_spec.bench.baselines import hf_generate
-from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder, acceptance_by_position
 from portable_spec.core.drafter import Drafter
 from portable_spec.core.target import TargetModel
 
@@ -55,16 +55,6 @@ class ComparisonRow:
     # P(draft slot i accepted | slots < i accepted), i = 1..num_draft_tokens
     acceptance_by_position: list[float] = field(default_factory=list)
     drafts_verified_per_round: float = 0.0  # < num_draft_tokens when rounds are cut by confidence
-
-
-def acceptance_by_position(emitted_per_round: list[int], num_drafts: int) -> list[float]:
-    """Conditional acceptance per draft slot from per-round emitted counts (accepted + 1)."""
-    accepted = torch.tensor(emitted_per_round) - 1
-    rates = []
-    for slot in range(1, num_drafts + 1):
-        reached = int((accepted >= slot - 1).sum())
-        rates.append(float((accepted >= slot).sum()) / reached if reached else math.nan)
-    return rates
 
 
 @dataclass

@@ -145,8 +145,7 @@ def run_method(method: str, args, target_dir: Path, prompts: list[list[int]]) ->
 
 def reference_runs(args, target_dir: Path, prompts: list[list[int]], stop: tuple[int, ...]) -> dict:
     """The reference decoder on the same drafters and K as vLLM (tau, per-position acceptance, tokens)."""
-    from portable_spec.bench.evaluate import acceptance_by_position
-    from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
+    from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder, acceptance_by_position
     from portable_spec.core.target import TargetModel
 
     target = TargetModel.load(target_dir)

@@ -24,7 +24,8 @@ from portable_spec.core.outputs import (
 )
 from portable_spec.core.real_target import KNOWN_TARGETS
 from portable_spec.core.spec import VARIANT_KINDS, SpecError
-from portable_spec.training.recipe import STAGES, RecipeConfig, prompts_prepared, run_recipe
+from portable_spec.training.distill_data import ReplyConfig
+from portable_spec.training.recipe import STAGES, EvalConfig, RecipeConfig, prompts_prepared, run_recipe
 from portable_spec.training.train import TrainConfig, check_shapes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -48,6 +49,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     recipe = parser.add_argument_group("data and drafter")
     recipe.add_argument("--num-prompts", type=int, default=2000)
+    recipe.add_argument(
+        "--prompt-turns",
+        choices=("first", "all"),
+        default="first",
+        help="Human turns used as training prompts: each conversation's first, or every one (de-duplicated).",
+    )
+    recipe.add_argument(
+        "--prompt-context",
+        action="store_true",
+        help="With --prompt-turns all: also each later turn with the conversation before it (within the cap).",
+    )
     recipe.add_argument("--max-prompt-tokens", type=int, default=256)
     recipe.add_argument("--max-new-tokens", type=int, default=256, help="Reply length when regenerating.")
     recipe.add_argument(
@@ -55,6 +67,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "vllm", "hf"),
         default="auto",
         help="Who regenerates replies: vLLM when importable (auto), else HF generate.",
+    )
+    recipe.add_argument(
+        "--replies-per-prompt",
+        type=int,
+        default=1,
+        help="Replies per prompt: the greedy one, plus this many minus one sampled (seeded) replies.",
+    )
+    recipe.add_argument("--reply-temperature", type=float, default=0.8, help="Temperature of the sampled replies.")
+    recipe.add_argument("--reply-top-p", type=float, default=0.95, help="Top-p of the sampled replies.")
+    recipe.add_argument(
+        "--reply-seed", type=int, default=0, help="Seed of the sampled replies (same seed, same replies)."
+    )
+    recipe.add_argument(
+        "--reply-cache",
+        choices=("dynamic", "static"),
+        default="dynamic",
+        help="HF generate's KV cache: static (preallocated; compiled on CUDA) or dynamic.",
     )
     recipe.add_argument("--block-size", type=int, default=16)
     recipe.add_argument("--num-layers", type=int, default=2)
@@ -84,6 +113,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=4,
         help="Sequences per target pass when caching features; tens on a GPU.",
+    )
+    recipe.add_argument(
+        "--heldout-eval-prompts",
+        type=int,
+        default=32,
+        help="Held-out prompts whose greedy replies measure acceptance while training (0: none).",
+    )
+    evaluation = parser.add_argument_group("held-out acceptance while training (the best drafter is written)")
+    evaluation.add_argument("--eval-every", type=float, default=300.0, help="Seconds of training between evaluations.")
+    evaluation.add_argument(
+        "--eval-blocks", type=int, nargs="+", default=[4, 16], help="Blocks measured; the first picks the best."
+    )
+    evaluation.add_argument(
+        "--plateau-evals", type=int, default=None, help="Stop after this many evaluations without a gain."
     )
     optim = parser.add_argument_group("optimisation")
     for name, field in TrainConfig.model_fields.items():
@@ -128,13 +171,33 @@ def run(args: argparse.Namespace) -> int:
         draft_vocab_size=args.draft_vocab_size or None,
         mask_token_id=args.mask_token_id,
         num_prompts=args.num_prompts,
+        prompt_turns=args.prompt_turns,
+        prompt_context=args.prompt_context,
         max_prompt_tokens=args.max_prompt_tokens,
+        replies=ReplyConfig(
+            per_prompt=args.replies_per_prompt,
+            temperature=args.reply_temperature,
+            top_p=args.reply_top_p,
+            seed=args.reply_seed,
+            cache=args.reply_cache,
+        ),
         max_new_tokens=args.max_new_tokens,
         generator=args.generator,
         reply_batch_size=args.reply_batch_size,
         feature_batch_size=args.feature_batch_size,
+        heldout_eval_prompts=args.heldout_eval_prompts,
+    )
+    evaluation = EvalConfig(
+        every=args.eval_every if recipe.heldout_eval_prompts else None,
+        blocks=tuple(args.eval_blocks),
+        plateau=args.plateau_evals,
     )
     check_shapes(args.block_size, train)  # before any model loads
+    for block in evaluation.blocks:
+        if not 2 <= block <= args.block_size:
+            raise SpecError(f"--eval-blocks {block}: measure blocks in 2..{args.block_size} (--block-size)")
+    if train.init_from is not None:
+        check_init_from(Path(train.init_from), args)
     device = check_device(args.device)
     data = args.data
     if data is None and not prompts_prepared(args.work_dir):  # a prepared work dir needs no data set
@@ -148,7 +211,21 @@ def run(args: argparse.Namespace) -> int:
         training_lock(args.work_dir, Path(args.out).name),
         f"--work-dir {args.work_dir} (training {Path(args.out).name})",
     )
-    return _train(args, train, recipe, device, data)
+    return _train(args, train, recipe, evaluation, device, data)
+
+
+def check_init_from(init_from: Path, args: argparse.Namespace) -> None:
+    """--init-from names a drafter checkpoint of the asked kind and block (read before any model loads; the rest of
+    its shape is compared once the target is loaded, training.train.warm_start)."""
+    from portable_spec.core.spec import read_config
+
+    saved = read_config(init_from)
+    for field, asked in (("kind", args.kind), ("block_size", args.block_size), ("num_hidden_layers", args.num_layers)):
+        if getattr(saved, field) != asked:
+            raise SpecError(
+                f"--init-from {init_from}: its {field} is {getattr(saved, field)!r}, this run asks for {asked!r}; "
+                "train the saved shape or drop --init-from"
+            )
 
 
 def check_paths(args: argparse.Namespace, data: Path | None) -> None:
@@ -161,12 +238,21 @@ def check_paths(args: argparse.Namespace, data: Path | None) -> None:
             "the checkpoint would replace the work dir (replies, features, training state); put the "
             f"checkpoint beside or inside the work dir, e.g. --out {args.work_dir}/drafters/{args.kind}"
         )
-    inputs = tuple(p for p in (data, None if args.target in KNOWN_TARGETS else Path(args.target)) if p is not None)
+    init_from = Path(args.init_from) if args.init_from is not None else None
+    target = None if args.target in KNOWN_TARGETS else Path(args.target)
+    inputs = tuple(p for p in (data, target, init_from) if p is not None)
     check_not_an_input(Path(args.work_dir), inputs)
     check_output_dir(Path(args.out), "drafter", inputs, force=args.force, owner=str(work))
 
 
-def _train(args: argparse.Namespace, train: TrainConfig, recipe: RecipeConfig, device, data: Path | None) -> int:
+def _train(
+    args: argparse.Namespace,
+    train: TrainConfig,
+    recipe: RecipeConfig,
+    evaluation: EvalConfig,
+    device,
+    data: Path | None,
+) -> int:
     from portable_spec.core.real_target import resolve_target, target_model_id
     from portable_spec.core.target import TargetModel
 
@@ -187,6 +273,7 @@ def _train(args: argparse.Namespace, train: TrainConfig, recipe: RecipeConfig, d
         model_id,
         until=args.until,
         force=args.force,
+        evaluation=evaluation,
     )
     if out is None:
         print(f"stopped after stage {args.until!r}; {args.work_dir} holds the data")

@@ -25,13 +25,16 @@ def save_drafter(
 ) -> Path:
     """Write a checkpoint; weights are stored contiguous, in their own dtype. `owner` (a training work directory)
     is recorded, and only a checkpoint of the same owner is replaced without `force` (outputs.check_output_dir)."""
+    return write_dir_atomically(
+        Path(out_dir), lambda tmp: write_drafter_files(tmp, config, state_dict), force=force, owner=owner
+    )
+
+
+def write_drafter_files(directory: Path, config: DrafterConfig, state_dict: dict[str, torch.Tensor]) -> None:
+    """config.json + model.safetensors into an existing directory (the inside of an atomic directory write)."""
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
-
-    def write(tmp: Path) -> None:
-        (tmp / CONFIG_FILE).write_text(json.dumps(config.to_json_dict(), indent=2) + "\n")
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "portable_spec_format": "1"})
-
-    return write_dir_atomically(Path(out_dir), write, force=force, owner=owner)
+    (directory / CONFIG_FILE).write_text(json.dumps(config.to_json_dict(), indent=2) + "\n")
+    save_file(tensors, str(directory / WEIGHTS_FILE), metadata={"format": "pt", "portable_spec_format": "1"})
 
 
 def load_drafter_files(ckpt_dir: Path) -> tuple[DrafterConfig, dict[str, torch.Tensor]]:

@@ -7,6 +7,7 @@ stay valid in both caches, rejected ones become masked holes, and the unused tai
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
@@ -84,6 +85,16 @@ class DecodeStats:
     def acceptance_length(self) -> float:
         """tau: mean tokens emitted per verification round and request."""
         return sum(self.emitted_per_round) / max(len(self.emitted_per_round), 1)
+
+
+def acceptance_by_position(emitted_per_round: list[int], num_drafts: int) -> list[float]:
+    """Conditional acceptance per draft slot from per-round emitted counts (accepted + 1)."""
+    accepted = torch.tensor(emitted_per_round, dtype=torch.int64) - 1
+    rates = []
+    for slot in range(1, num_drafts + 1):
+        reached = int((accepted >= slot - 1).sum())
+        rates.append(float((accepted >= slot).sum()) / reached if reached else math.nan)
+    return rates
 
 
 @dataclass

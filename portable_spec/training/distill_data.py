@@ -1,15 +1,19 @@
-"""Self-distillation data: the target's own greedy replies to chat prompts, stored as token shards.
+"""Self-distillation data: the target's own replies to chat prompts (the greedy one, plus seeded sampled ones if
+asked), stored as token shards.
 
 This is how DFlash, EAGLE-3 and SpecForge train: the drafter learns what the target will say, which is what
-acceptance measures. Replies come from vLLM when it is importable (about 2x HF on a CPU), else HF `generate`.
+acceptance measures; sampled replies (as those recipes regenerate at a temperature) add the target's other likely
+continuations. Replies come from vLLM when it is importable (about 2x HF on a CPU), else HF `generate`.
 Each shard (safetensors: flat `tokens`, `offsets`, `prompt_lens`) is written atomically, so a killed run resumes
-at the first missing shard and never reads a half-written one.
+at the first missing shard and never reads a half-written one. A shard holds its prompts' greedy replies, then
+each round of sampled replies, prompt by prompt.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -18,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
@@ -26,6 +31,32 @@ from portable_spec.core.outputs import write_file_atomically
 from portable_spec.core.spec import SpecError, read_json_object
 
 Generator = Literal["auto", "vllm", "hf"]
+
+
+class ReplyConfig(BaseModel):
+    """How the target writes its replies beyond the greedy one."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    per_prompt: int = Field(1, ge=1, description="Replies per prompt: the greedy one and per_prompt - 1 sampled.")
+    temperature: float = Field(0.8, gt=0, le=10, allow_inf_nan=False, description="Temperature of sampled replies.")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus (top-p) of sampled replies.")
+    seed: int = Field(0, ge=0, lt=2**31, description="Sampled replies are a function of (seed, shard, round).")
+    cache: Literal["dynamic", "static"] = Field("dynamic", description="HF generate's KV cache implementation.")
+
+    def shard_meta(self) -> dict:
+        """What a shard's content depends on (greedy-only data keeps the keys older work dirs recorded)."""
+        if self.per_prompt == 1:
+            return {}
+        return {
+            "replies_per_prompt": self.per_prompt,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+        }
+
+    def sample_seed(self, shard: int, round_: int) -> int:
+        return (self.seed * 1_000_003 + shard * 1009 + round_) % 2**31
 
 
 @dataclass
@@ -76,12 +107,15 @@ def read_shard(path: Path) -> Sequences:
         raise SpecError(f"{path}: not a readable reply shard ({error}); delete it and rerun to regenerate it") from None
 
 
-def _shard_done(path: Path, prompts: list[list[int]]) -> bool:
-    """A shard counts as done when it exists and holds exactly these prompts (a longer run may extend the last)."""
+def _shard_done(path: Path, prompts: list[list[int]], per_prompt: int = 1) -> bool:
+    """A shard counts as done when it exists and holds exactly these prompts, per_prompt times (a longer run may
+    extend the last)."""
     if not path.exists():
         return False
     done = read_shard(path)
-    return len(done) == len(prompts) and all(done.sequence(i)[: len(p)].tolist() == p for i, p in enumerate(prompts))
+    return len(done) == len(prompts) * per_prompt and all(
+        done.sequence(i)[: len(p)].tolist() == p for i, p in enumerate(prompts * per_prompt)
+    )
 
 
 def load_sequences(data_dir: Path, featurised_only: bool = False) -> Sequences:
@@ -112,14 +146,26 @@ class _VllmReplies:
         self.llm = LLM(model=str(target_dir), max_model_len=max_model_len, dtype="float32", seed=0)
         self.sampling_params = SamplingParams
 
-    def __call__(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-        params = self.sampling_params(temperature=0.0, max_tokens=max_new_tokens)
+    def __call__(
+        self, prompts: list[list[int]], max_new_tokens: int, sample: tuple[ReplyConfig, int] | None = None
+    ) -> list[list[int]]:
+        """Greedy replies, or with sample=(config, seed) sampled ones (each request seeded by seed + its row)."""
+        if sample is None:
+            params = [self.sampling_params(temperature=0.0, max_tokens=max_new_tokens)] * len(prompts)
+        else:
+            config, seed = sample
+            params = [
+                self.sampling_params(
+                    temperature=config.temperature, top_p=config.top_p, seed=seed + row, max_tokens=max_new_tokens
+                )
+                for row in range(len(prompts))
+            ]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         return [list(o.outputs[0].token_ids) for o in outputs]
 
 
 class _HfReplies:
-    def __init__(self, target_dir: Path, device: str, dtype: torch.dtype) -> None:
+    def __init__(self, target_dir: Path, device: str, dtype: torch.dtype, cache: str = "dynamic") -> None:
         from transformers import AutoModelForCausalLM
 
         self.model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype).to(device).eval()
@@ -127,23 +173,35 @@ class _HfReplies:
         self.eos = eos[0] if isinstance(eos, list) else eos  # None: replies run to max_new_tokens
         pad = self.model.generation_config.pad_token_id
         self.pad = pad if pad is not None else (self.eos if self.eos is not None else 0)
-        self.device = device
+        self.device, self.cache = torch.device(device), cache
 
     @torch.no_grad()
-    def __call__(self, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    def __call__(
+        self, prompts: list[list[int]], max_new_tokens: int, sample: tuple[ReplyConfig, int] | None = None
+    ) -> list[list[int]]:
+        """Greedy replies, or with sample=(config, seed) sampled ones (the RNG seeded for this call only)."""
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
         for row, prompt in enumerate(prompts):  # left padding, as generate expects
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             mask[row, width - len(prompt) :] = 1
-        out = self.model.generate(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=self.pad,
-        )
+        options = {"do_sample": False}
+        if sample is not None:
+            config, _ = sample
+            options = {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, device_type=self.device.type):
+            if sample is not None:
+                torch.manual_seed(sample[1])
+            out = self.model.generate(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                max_new_tokens=max_new_tokens,
+                pad_token_id=self.pad,
+                cache_implementation=self.cache,
+                **options,
+            )
         replies = []
         for row in out[:, width:].tolist():
             if self.eos is not None and self.eos in row:
@@ -163,16 +221,20 @@ def generate_replies(
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     lock: Callable[[], AbstractContextManager] = nullcontext,
+    replies: ReplyConfig | None = None,
 ) -> Path:
-    """Greedy replies for `prompts`, shard by shard into out_dir; finished shards are kept, so reruns resume.
-    `lock()` is held while there is work to do (a run that finds every shard done takes no lock)."""
+    """Replies for `prompts` (greedy; plus sampled ones per `replies`), shard by shard into out_dir; finished shards
+    are kept, so reruns resume. `lock()` is held while there is work to do (a run that finds every shard done
+    takes no lock)."""
+    replies = replies or ReplyConfig()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta_file = out_dir / "distill.json"
-    meta = {"max_new_tokens": max_new_tokens, "shard_size": shard_size}  # what a shard's content depends on
+    meta = {"max_new_tokens": max_new_tokens, "shard_size": shard_size, **replies.shard_meta()}
     if meta_file.exists():
         previous = read_json_object(meta_file, f"delete {out_dir} to regenerate the replies")
-        changed = {k: (previous.get(k), v) for k, v in meta.items() if previous.get(k) != v}
+        keys = set(meta) | (set(_SAMPLING_KEYS) & set(previous))
+        changed = {k: (previous.get(k), meta.get(k)) for k in keys if previous.get(k) != meta.get(k)}
         if changed:
             raise SpecError(
                 f"{out_dir}: holds data made with other settings {changed} (was, now); "
@@ -182,15 +244,22 @@ def generate_replies(
         (i, prompts[i * shard_size : (i + 1) * shard_size])
         for i in range((len(prompts) + shard_size - 1) // shard_size)
     ]
-    todo = [(i, chunk) for i, chunk in shards if not _shard_done(out_dir / f"shard-{i:05d}.safetensors", chunk)]
+    todo = [
+        (i, chunk)
+        for i, chunk in shards
+        if not _shard_done(out_dir / f"shard-{i:05d}.safetensors", chunk, replies.per_prompt)
+    ]
     if not todo:
         return out_dir
     with lock():
         if not meta_file.exists():  # written once, atomically: several training runs may share one data directory
             text = json.dumps({**meta, "target": Path(target_dir).name}, indent=1) + "\n"
             write_file_atomically(meta_file, lambda tmp: tmp.write_text(text))
-        _generate_shards(target_dir, prompts, out_dir, todo, max_new_tokens, generator, device, dtype)
+        _generate_shards(target_dir, prompts, out_dir, todo, max_new_tokens, generator, device, dtype, replies)
     return out_dir
+
+
+_SAMPLING_KEYS = ("replies_per_prompt", "temperature", "top_p", "seed")
 
 
 def _generate_shards(
@@ -202,16 +271,32 @@ def _generate_shards(
     generator: Generator,
     device: str,
     dtype: torch.dtype,
+    replies: ReplyConfig,
 ) -> None:
     kind = _pick_generator(generator)
     longest = max(len(p) for p in prompts) + max_new_tokens
-    replies_for = _VllmReplies(target_dir, longest) if kind == "vllm" else _HfReplies(target_dir, device, dtype)
+    if kind == "vllm":
+        replies_for = _VllmReplies(target_dir, longest)
+    else:
+        replies_for = _HfReplies(target_dir, device, dtype, replies.cache)
     bar = tqdm(
         total=len(prompts), initial=len(prompts) - sum(len(c) for _, c in todo), unit="prompt", desc=f"distill ({kind})"
     )
+    made_prompts, made_tokens, began = 0, 0, time.perf_counter()
     for index, chunk in todo:
-        replies = replies_for(chunk, max_new_tokens)
-        _write_shard(out_dir / f"shard-{index:05d}.safetensors", Sequences.from_lists(chunk, replies))
+        written = replies_for(chunk, max_new_tokens)
+        for round_ in range(1, replies.per_prompt):
+            written += replies_for(chunk, max_new_tokens, (replies, replies.sample_seed(index, round_)))
+        _write_shard(
+            out_dir / f"shard-{index:05d}.safetensors", Sequences.from_lists(chunk * replies.per_prompt, written)
+        )
+        made_prompts, made_tokens = made_prompts + len(chunk), made_tokens + sum(len(r) for r in written)
         bar.update(len(chunk))
-        bar.set_postfix(tokens=sum(len(r) for r in replies))
+        bar.set_postfix(tokens=made_tokens)
     bar.close()
+    seconds = time.perf_counter() - began
+    print(
+        f"replies ({kind}, {replies.per_prompt} per prompt): {made_prompts} prompts, {made_tokens} reply tokens in "
+        f"{seconds:.1f} s: {made_prompts / seconds:.1f} prompts/s, {made_tokens / seconds:.0f} reply tokens/s",
+        flush=True,
+    )

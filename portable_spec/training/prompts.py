@@ -1,5 +1,6 @@
-"""Chat prompts for a target, as token ids: ShareGPT first turns with the target's chat template, length-capped,
-split train / held-out by conversation id (see sharegpt.py)."""
+"""Chat prompts for a target, as token ids: ShareGPT-style human turns with the target's chat template, length-capped,
+split train / held-out by conversation id (see sharegpt.py). The held-out set is always the held-out conversations'
+first turns, whatever the training prompts are, so held-out figures stay comparable across runs."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import json
 from pathlib import Path
 
 from portable_spec.core.spec import SpecError
-from portable_spec.training.sharegpt import Prompt, chat_prompt_ids, first_human_turns, split_prompts
+from portable_spec.training.sharegpt import (
+    Prompt,
+    PromptTurns,
+    chat_prompt_ids,
+    first_human_turns,
+    human_turns,
+    split_prompts,
+)
+
+LENGTH_WINDOW = 4096  # training prompts are length-sorted within windows this long (see length_bucketed)
 
 
 def tokenized(tokenizer, prompts: list[Prompt], max_prompt_tokens: int, limit: int | None = None) -> list[dict]:
@@ -16,9 +26,9 @@ def tokenized(tokenizer, prompts: list[Prompt], max_prompt_tokens: int, limit: i
     for prompt in prompts:
         if limit is not None and len(out) >= limit:
             break
-        if len(prompt.text) > 8 * max_prompt_tokens:  # cheap pre-filter: cannot fit
+        if prompt.characters > 8 * max_prompt_tokens:  # cheap pre-filter: cannot fit
             continue
-        ids = chat_prompt_ids(tokenizer, prompt.text)
+        ids = chat_prompt_ids(tokenizer, prompt.messages)
         if len(ids) <= max_prompt_tokens:
             out.append({"id": prompt.conversation_id, "ids": ids})
     return out
@@ -31,13 +41,28 @@ def chat_prompt_split(
     train_limit: int | None,
     heldout_limit: int | None,
     heldout_percent: int = 5,
+    turns: PromptTurns = "first",
+    context: bool = False,
 ) -> tuple[list[dict], list[dict]]:
-    train, heldout = split_prompts(first_human_turns(Path(data_path)), heldout_percent)
-    train_ids = tokenized(tokenizer, train, max_prompt_tokens, train_limit)
+    """(train, held-out) prompts: train from the chosen human turns of the train-split conversations, held-out from
+    the held-out conversations' first turns; split by conversation, so no held-out conversation is ever trained on."""
+    train, _ = split_prompts(human_turns(Path(data_path), turns, context), heldout_percent)
+    _, heldout = split_prompts(first_human_turns(Path(data_path)), heldout_percent)
+    train_ids = length_bucketed(tokenized(tokenizer, train, max_prompt_tokens, train_limit))
     heldout_ids = tokenized(tokenizer, heldout, max_prompt_tokens, heldout_limit)
     if not train_ids:
         raise SpecError(f"{data_path}: no training prompt fits max_prompt_tokens={max_prompt_tokens}; raise it")
     return train_ids, heldout_ids
+
+
+def length_bucketed(prompts: list[dict], window: int = LENGTH_WINDOW) -> list[dict]:
+    """Prompts sorted by length within consecutive windows: a reply batch then pads to similar lengths, while any
+    prefix of whole windows is still the sample the file order gives (the reply stage may be cut at any shard)."""
+    return [p for start in range(0, len(prompts), window) for p in sorted(prompts[start : start + window], key=_length)]
+
+
+def _length(prompt: dict) -> int:
+    return len(prompt["ids"])
 
 
 def write_prompts(path: Path, prompts: list[dict]) -> None:

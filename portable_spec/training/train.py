@@ -48,14 +48,23 @@ class TrainConfig(BaseModel):
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="auto: bf16 autocast on CUDA (fp32 master weights), fp32 elsewhere."
     )
+    init_from: str | None = Field(
+        None,
+        description="Warm start: a drafter checkpoint for the same target and shape (kind, layers, sizes, "
+        "feature layers, draft vocabulary), trained further with a fresh optimizer and schedule.",
+    )
 
 
-def drafter_loss(drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor, gamma: float):
-    """features [B, T, F] of tokens [B, T], anchors [B, A] (each <= T - block_size) -> weighted cross-entropy over
-    draft offsets. With a reduced draft vocabulary, tokens outside it carry no loss (they can never be drafted)."""
-    config, (batch, seq_len) = drafter.config, tokens.shape
-    k, num_anchors = config.block_size, anchors.shape[1]
-    positions = torch.arange(seq_len, device=tokens.device).expand(batch, -1)
+def block_predictions(
+    drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The drafter's teacher-forced blocks at many anchors in one pass: features [B, T, F] of tokens [B, T'] (T' >= T,
+    every anchor + block_size <= T'), anchors [B, A] -> (draft-vocabulary logits [B, A, k-1, V_draft] for offsets
+    1..k-1, the true block tokens [B, A, k]). Block j's context is every position before its anchor, as in
+    decoding; what training and the held-out acceptance share."""
+    config, batch = drafter.config, tokens.shape[0]
+    k, num_anchors, context_len = config.block_size, anchors.shape[1], features.shape[1]
+    positions = torch.arange(context_len, device=tokens.device).expand(batch, -1)
     block_positions = anchors[:, :, None] + torch.arange(k, device=tokens.device)  # [B, A, k]
     true_tokens = tokens.gather(1, block_positions.reshape(batch, -1)).view(batch, num_anchors, k)
     if drafter.behaviour.autoregressive:
@@ -67,9 +76,16 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor,
     context = drafter.context_kv(features, positions)
     hidden = drafter.block_hidden(block_ids, block_positions, context, context_mask)
     slots = [drafter.prediction_slot(offset) for offset in range(1, k)]
-    predicted = drafter.scored_logits(hidden[:, :, slots])  # [B, A, k-1, V_draft]
+    return drafter.scored_logits(hidden[:, :, slots]), true_tokens
+
+
+def drafter_loss(drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor, gamma: float):
+    """features [B, T, F] of tokens [B, T], anchors [B, A] (each <= T - block_size) -> weighted cross-entropy over
+    draft offsets. With a reduced draft vocabulary, tokens outside it carry no loss (they can never be drafted)."""
+    batch, num_anchors, k = tokens.shape[0], anchors.shape[1], drafter.config.block_size
+    predicted, true_tokens = block_predictions(drafter, features, tokens, anchors)  # [B, A, k-1, V_draft]
     labels = true_tokens[..., 1:]
-    if config.draft_vocab_size is not None:
+    if drafter.config.draft_vocab_size is not None:
         labels = target_to_draft(drafter, labels)
     losses = F.cross_entropy(predicted.flatten(0, 2), labels.flatten(), reduction="none", ignore_index=-100)
     weights = torch.exp(-torch.arange(k - 1, dtype=torch.float32, device=tokens.device) / gamma)
@@ -206,8 +222,10 @@ def train_drafter(
     out_dir: Path,
     state_dir: Path | None = None,
     progress: bool = True,
+    heldout=None,
 ) -> Drafter:
-    """Train on a raw token stream (the fixtures' recipe): the target runs on every batch."""
+    """Train on a raw token stream (the fixtures' recipe): the target runs on every batch; `heldout` as in
+    train_loop."""
     vocab = target.vocab_size
     if stream.ndim != 1 or stream.dtype.is_floating_point or stream.dtype == torch.bool:
         raise SpecError(
@@ -223,7 +241,7 @@ def train_drafter(
             f"{int(stream.max())}); tokenize with the target's tokenizer"
         )
     draw = stream_batches(target, stream, config, drafter_config.target_layer_ids, drafter_config.block_size)
-    return train_loop(target, drafter_config, draw, config, out_dir, state_dir, progress)
+    return train_loop(target, drafter_config, draw, config, out_dir, state_dir, progress, heldout=heldout)
 
 
 def initial_drafter(
@@ -235,6 +253,19 @@ def initial_drafter(
     drafter = target.bind(Drafter(drafter_config))
     if draft_vocab is not None:
         drafter.set_draft_vocab(draft_vocab)
+    return drafter.to(target.device)
+
+
+def warm_start(target: TargetModel, drafter_config: DrafterConfig, init_from: Path) -> Drafter:
+    """The drafter at `init_from` (its weights and draft vocabulary) on the target's device, after checking it is
+    the drafter this run would train: bound to this target, the same config field for field."""
+    drafter = target.load_drafter(init_from)
+    diff = _differences(drafter.config.model_dump(), drafter_config.model_dump())
+    if diff:
+        raise SpecError(
+            f"--init-from {init_from}: another drafter shape than this run trains ({'; '.join(diff)}); pass the "
+            "saved settings (e.g. --intermediate-size, --target-layer-ids, --draft-vocab-size) or drop --init-from"
+        )
     return drafter.to(target.device)
 
 
@@ -250,11 +281,14 @@ def train_loop(
     log: Callable[[int, float], None] | None = None,
     out_owner: str | None = None,
     force: bool = False,
+    heldout=None,
 ) -> Drafter:
     """Optimise a drafter on batches `draw(generator) -> (tokens, features, anchors)` (on the target's device); the
     generator is seeded by (seed, step), so resuming from state_dir (saved every save_every steps) repeats the
     uninterrupted run. The checkpoint records `out_owner` (the work directory) and replaces only a checkpoint of the
-    same owner unless `force` (outputs.check_output_dir)."""
+    same owner unless `force` (outputs.check_output_dir). With `heldout` (heldout.HeldoutTracker), held-out
+    acceptance is measured at the start, every `heldout.every` seconds and at the end, and the checkpoint written is
+    the best drafter it saw."""
     check_shapes(drafter_config.block_size, config)
     for param in target.model.parameters():
         param.requires_grad_(False)
@@ -266,8 +300,18 @@ def train_loop(
     if state_dir is not None and (Path(state_dir) / "trainer_state.json").exists():
         drafter, optimizer, start, elapsed = _load_state(Path(state_dir), target, optimizer_for, drafter_config, config)
     else:
-        drafter, start, elapsed = initial_drafter(target, drafter_config, config.seed, draft_vocab), 0, 0.0
+        if config.init_from is not None:
+            drafter = warm_start(target, drafter_config, Path(config.init_from))
+        else:
+            drafter = initial_drafter(target, drafter_config, config.seed, draft_vocab)
+        start, elapsed = 0, 0.0
         optimizer = optimizer_for(drafter)
+    if heldout is not None:
+        if start == 0:
+            heldout.reset()
+            heldout.record(drafter, 0, 0.0)  # where training starts from (a warm start's own tau)
+        else:
+            heldout.last_seconds = elapsed
     drafter.train()
     bar = tqdm(
         range(start, config.steps), initial=start, total=config.steps, disable=not progress, desc=drafter_config.kind
@@ -295,9 +339,16 @@ def train_loop(
         done = step + 1
         if state_dir is not None and done % config.save_every == 0:
             _save_state(Path(state_dir), drafter, optimizer, done, config, time.perf_counter() - clock)
+        seconds = time.perf_counter() - clock
+        if heldout is not None and heldout.due(seconds) and heldout.record(drafter, done, seconds):
+            break  # no held-out gain for heldout.plateau evaluations
     bar.close()
     if state_dir is not None and done > start and done % config.save_every:  # where a longer run resumes
         _save_state(Path(state_dir), drafter, optimizer, done, config, time.perf_counter() - clock)
     drafter.eval()
+    if heldout is not None:
+        if heldout.last_step != done:
+            heldout.record(drafter, done, time.perf_counter() - clock)
+        heldout.load_best(drafter)
     drafter.save(out_dir, force=force, owner=out_owner)
     return drafter
