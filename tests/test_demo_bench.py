@@ -27,6 +27,7 @@ def test_demo_prints_every_row_and_the_lossless_verdict(capsys):
     ):
         assert row in out
     assert "every speculative output equals plain greedy output token for token: yes" in out
+    assert "timings: plain decoding timed first and last on each of 2 prompts" in out or "timings UNRELIABLE" in out
 
 
 @pytest.mark.parametrize(
@@ -94,3 +95,47 @@ def test_one_new_token_is_prefill_only(capsys):
     )
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| depth_causal")]
     assert len(rows) == 1 and "| n/a |" in rows[0]
+
+
+class FakeClock:
+    """Every timed run takes 1 s, plus `drift` s per run already timed (a machine slowing down) and `extra[n]`
+    on the n-th timed run: timings made by the test, not by the machine's load."""
+
+    def __init__(self, extra: dict[int, float] | None = None, drift: float = 0.0) -> None:
+        self.now, self.reads, self.extra, self.drift = 0.0, 0, extra or {}, drift
+
+    def __call__(self) -> float:
+        self.reads += 1
+        if self.reads % 2 == 0:  # the read that ends timed run number reads // 2
+            run = self.reads // 2
+            self.now += 1.0 + self.drift * run + self.extra.get(run, 0.0)
+        return self.now
+
+
+def _fixture_comparison(clock):
+    from portable_spec.bench.bench_setup import load_setup
+    from portable_spec.bench.evaluate import compare, grid
+
+    setup = load_setup("fixture", ("depth_causal",))
+    return compare(setup.target, grid(setup.drafters, [3]), setup.prompts[:4], 4, progress=False, clock=clock)
+
+
+def test_one_slow_timing_moves_the_row_total_but_not_the_median_of_ratios():
+    """Per prompt: plain, depth_causal, plain (3 timed runs). Run 2 is depth_causal on prompt 1: made 10x slower."""
+    steady = _fixture_comparison(FakeClock())
+    assert [r.speedup for r in steady.rows] == [1.0, 1.0] and steady.reliable
+    plain, depth_causal = _fixture_comparison(FakeClock(extra={2: 9.0})).rows
+    assert depth_causal.speedup == 1.0  # the median over the 4 prompts ignores the one slow cell
+    assert depth_causal.speedup_per_prompt[0] == pytest.approx(0.1) and depth_causal.speedup_spread[0] < 1.0
+    total_ratio = depth_causal.tokens_per_second_total / plain.tokens_per_second_total
+    assert total_ratio < 0.4  # what the old row-total speedup would have printed: 13 s against 4 s
+    assert depth_causal.matches_plain_greedy
+
+
+def test_a_machine_slowing_down_is_reported_as_unreliable_timings():
+    comparison = _fixture_comparison(FakeClock(drift=0.1))  # each run 0.1 s slower than the one before
+    assert not comparison.reliable and comparison.plain_drift > 0.1
+    assert comparison.timing_note().startswith("timings UNRELIABLE") and "tau and passes/token stand" in (
+        comparison.timing_note()
+    )
+    assert _fixture_comparison(FakeClock()).timing_note().startswith("timings: plain decoding timed first and last")

@@ -59,13 +59,14 @@ def test_gpu_session_dry_run_executes_every_stage(tmp_path):
     status = json.loads((scratch / "collected/results/status.json").read_text())
     assert {name: stage["exit"] for name, stage in status["stages"].items()} == {
         "env": [0],
-        "kernels": [0],
-        "kernel-bench": [0],
         "target": [0],
         "data": [0],
         "features": [0],
         "train": [0, 0],
+        "kernels": [0],
+        "kernel-bench": [0],
         "decode": [0],
+        "decode-bf16": [0],
     }
     from portable_spec.core.drafter import load_drafter
 
@@ -75,9 +76,17 @@ def test_gpu_session_dry_run_executes_every_stage(tmp_path):
         drafter = load_drafter(scratch / "collected/drafters" / kind)
         assert drafter.config.kind == kind and drafter.config.target.model_id == "HuggingFaceTB/SmolLM2-135M-Instruct"
         assert (scratch / "collected/results" / f"{kind}-loss.jsonl").read_text().count("\n") == entry["steps"]
+        assert entry["warm_started_from_shipped"] and entry["heldout_tau"] >= entry["heldout_tau_at_start"] > 1.0
+        heldout = (scratch / "collected/results" / f"{kind}-heldout.jsonl").read_text().splitlines()
+        assert json.loads(heldout[0])["step"] == 0 and len(heldout) >= 2  # the shipped drafter's tau, then training
     table = (scratch / "collected/results/decode/benchmarks.md").read_text()
     assert "| depth_causal-gpu |" in table and "| parallel-gpu |" in table and "| depth_causal-shipped |" in table
     assert "| NO |" not in table  # every speculative output equals plain greedy
+    assert "float32" in table and "bfloat16" in (scratch / "collected/results/decode-bf16/benchmarks.md").read_text()
+    manifest = json.loads((scratch / "repo/portable_spec/assets/smollm2/MANIFEST.json").read_text())
+    for kind in ("depth_causal", "parallel"):  # installed only where the held-out tau beat the shipped drafter's
+        run = manifest["gpu_runs"][kind][-1]
+        assert run["replaced_shipped"] == (run["heldout_tau"] > run["heldout_tau_at_start"])
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
@@ -97,3 +106,49 @@ def test_engine_script_fails_on_an_unknown_option():
         ["bash", "scripts/gpu/run_all.sh", "--bogus"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 2 and "unknown option --bogus" in done.stderr
+
+
+def _session_module():
+    spec = importlib.util.spec_from_file_location("gpu_session", ROOT / "scripts/gpu/session.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_collect_with_a_missing_part_writes_nothing_and_says_so(tmp_path):
+    import tarfile
+
+    session = _session_module()
+    files_at, dest = tmp_path / "files", tmp_path / "dest"
+    files_at.mkdir()
+    with pytest.raises(SystemExit, match="holds no results.tar.gz"):
+        session.collect(files_at, ROOT, dest, install=False)
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "drafters.json").write_text(
+        json.dumps(
+            {
+                "depth_causal": {
+                    "parts": ["depth_causal.safetensors.part0", "depth_causal.safetensors.part1"],
+                    "weights_sha256": "0" * 64,
+                }
+            }
+        )
+    )
+    with tarfile.open(files_at / "results.tar.gz", "w:gz") as tar:
+        tar.add(results, arcname="results")
+    (files_at / "depth_causal.safetensors.part0").write_bytes(b"half")
+    earlier = dest / "drafters/depth_causal/model.safetensors"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"an earlier collect's drafter")
+    with pytest.raises(SystemExit, match=r"lacks depth_causal's parts \['depth_causal.safetensors.part1'\]"):
+        session.collect(files_at, ROOT, dest, install=False)
+    assert earlier.read_bytes() == b"an earlier collect's drafter"
+
+
+def test_a_gpu_drafter_replaces_the_shipped_one_only_when_it_beats_it_held_out():
+    beats = _session_module().beats_shipped
+    assert beats({"warm_started_from_shipped": True, "heldout_tau": 1.6, "heldout_tau_at_start": 1.45})
+    assert not beats({"warm_started_from_shipped": True, "heldout_tau": 1.45, "heldout_tau_at_start": 1.45})
+    assert not beats({"warm_started_from_shipped": False, "heldout_tau": 3.0, "heldout_tau_at_start": 1.0})

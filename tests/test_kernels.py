@@ -341,3 +341,25 @@ def test_verify_kernel_reproduces_every_golden_file(interpreted, name):
     assert got.accepted_len.tolist() == golden.accepted_len.tolist()
     assert got.next_token.tolist() == golden.next_token.tolist()
     assert got.output_tokens.tolist() == golden.output_tokens.tolist()
+
+
+def _compiled_variants(kernel) -> int:
+    """How many compiled specialisations a @triton.jit function holds (triton >= 3.2 keeps them per device)."""
+    caches = getattr(kernel, "device_caches", None)
+    assert caches is not None, "this triton keeps no device_caches: update _compiled_variants for its layout"
+    return sum(len(entry[0]) for entry in caches.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_kernel_compiles_once_as_the_context_grows(compiled, causal):
+    """A decode loop's context grows every round: lengths and split counts are runtime arguments, so one compile
+    serves every length (the H200 run timed a compile per 64 positions inside its rows)."""
+    kernel = compiled[1]
+    from portable_spec.kernels import attention_triton
+
+    before = _compiled_variants(attention_triton._attention_kernel)
+    for ctx_len in (5, 64, 65, 130, 777, 4096):
+        case = attention_case(2, 8, 2, 4, ctx_len, 64, seed=ctx_len, device="cuda")
+        kernel(*[x.to(torch.bfloat16) if x.is_floating_point() else x for x in case[:5]], case[5], causal)
+    assert _compiled_variants(attention_triton._attention_kernel) - before <= 1

@@ -20,6 +20,7 @@ from portable_spec.core.outputs import claim_output_dir, mark_output_dir, write_
 from portable_spec.core.spec import SpecError
 
 BLOCK_SIZES = (4, 8, 16)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BENCH_FILES = ("benchmarks.md", "benchmarks.json", "benchmarks.png")
 
 
@@ -48,6 +49,13 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
         help="Replace result files (benchmarks.*, vllm.*) in --out that portable-spec did not write.",
     )
     parser.add_argument("--device", default="cpu", help="Where the target and drafters run (cpu, cuda, cuda:N).")
+    parser.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default="float32",
+        help="Target and drafter dtype (decode and vllm; float32 = the reference's). In 16 bits a k+1-token verify "
+        "pass may round differently from a one-token pass: the lossless column says whether outputs stayed equal.",
+    )
     parser.add_argument(
         "--drafter",
         action="append",
@@ -163,16 +171,17 @@ def run_decode_bench(args: argparse.Namespace) -> int:
     _check_args(args)
     _check_block_sizes(args)
     torch.manual_seed(0)
-    setup = load_setup(args.target, device=args.device, drafter_dirs=_drafter_dirs(args))
+    setup = load_setup(args.target, device=args.device, drafter_dirs=_drafter_dirs(args), dtype=DTYPES[args.dtype])
     prompts = setup.prompts[: args.prompts]
     rows: list[ComparisonRow] = []
+    notes: list[str] = []
     jobs = grid(setup.drafters, [b - 1 for b in args.block_sizes])
     if args.draft_confidence:
         jobs += grid(setup.drafters, [max(args.block_sizes) - 1], args.draft_confidence)
     on_cpu = setup.target.device.type == "cpu"  # the F.linear layout rows measure a CPU-only layout
     for batch in args.batch_sizes:
         layout = layout_jobs(setup.drafters, min(args.block_sizes) - 1) if batch == 1 and on_cpu else []
-        rows += compare(
+        comparison = compare(
             setup.target,
             jobs + layout,
             prompts,
@@ -181,10 +190,13 @@ def run_decode_bench(args: argparse.Namespace) -> int:
             stop_token_ids=setup.stop_token_ids,
             hf_baselines=batch == 1,
         )
+        rows += comparison.rows
+        notes.append(f"batch {batch}: {comparison.timing_note()}")
     header = (
         f"{setup.describe}, {param_count(setup.target):.1f}M params: {len(prompts)} prompts x up to "
         f"{args.max_new_tokens} new tokens, greedy, batch sizes {args.batch_sizes}, "
-        f"{device_name(setup.target.device)}; all rows measured in one run."
+        f"{device_name(setup.target.device)}, {args.dtype}; all rows measured in one run, interleaved prompt by prompt after an "
+        "untimed warm-up of every row (bench/evaluate.py)."
     )
     table = format_table(rows)
     positions = "\n".join(
@@ -194,6 +206,7 @@ def run_decode_bench(args: argparse.Namespace) -> int:
     )
     print(header)
     print(table)
+    print("\n".join(notes))
     if args.out is not None:
         mark_output_dir(args.out, "bench", BENCH_FILES)
         clean = [
@@ -203,7 +216,9 @@ def run_decode_bench(args: argparse.Namespace) -> int:
         write_file_atomically(
             args.out / "benchmarks.md",
             lambda p: p.write_text(
-                f"{header}\n\n{table}\n\nPer-position acceptance, P(slot i accepted | slots < i accepted), "
+                f"{header}\n\n{table}\n\n"
+                + "\n".join(f"- {note}" for note in notes)
+                + "\n\nPer-position acceptance, P(slot i accepted | slots < i accepted), "
                 f"batch {args.batch_sizes[0]}:\n\n| drafter | block | slot 1 .. k-1 |\n|---|---|---|\n{positions}\n"
             ),
         )

@@ -57,7 +57,6 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
         default=16,
         help="vllm: prompts on which the reference decoder runs the same drafters (tau side by side).",
     )
-    parser.add_argument("--dtype", default="float32", help="vllm: model dtype (float32 = the reference's).")
 
 
 def speculative_config(method: str, args: argparse.Namespace) -> dict | None:

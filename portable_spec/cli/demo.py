@@ -19,8 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="smollm2",
         help="smollm2: the real target (converted on first use); fixture: the tiny test models.",
     )
-    parser.add_argument("--prompts", type=int, default=4, help="Held-out prompts to decode.")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument(
+        "--prompts", type=int, default=8, help="Held-out prompts to decode (speedups are medians over them)."
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument(
         "--num-draft-tokens",
         type=int,
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     )
     confidence = args.draft_confidence if args.draft_confidence is not None else setup.default_confidence
     jobs = grid(setup.drafters, [num_drafts]) + (grid(setup.drafters, [num_drafts], confidence) if confidence else [])
-    rows = compare(
+    comparison = compare(
         setup.target,
         jobs,
         prompts,
@@ -67,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
         stop_token_ids=setup.stop_token_ids,
         hf_baselines=not args.no_hf and args.batch_size == 1,
     )
-    print(format_table(rows))
-    lossless = all(row.matches_plain_greedy for row in rows if row.drafter_params)
+    print(format_table(comparison.rows))
+    print(comparison.timing_note())
+    lossless = all(row.matches_plain_greedy for row in comparison.rows if row.drafter_params)
     print(
         "every speculative output equals plain greedy output token for token: "
         + ("yes" if lossless else "NO (bug: please report)")

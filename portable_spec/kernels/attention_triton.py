@@ -5,7 +5,8 @@ Twin: portable_spec.core.attention.injected_attention with block_attention_mask.
 once for the whole GQA group (the drafter's k queries are few: this is decode-shaped, memory-bound attention).
 Context validity (holes from rejected slots) is a [B, T] mask read per tile; the k block keys/values are read
 by the last split. With several splits (long context, few heads), partial softmax states are merged by a
-second small kernel (flash-decoding). Softmax is online in fp32 (exp2); P @ V runs in tf32 for 16-bit inputs
+second small kernel (flash-decoding). Context length and split count are runtime arguments (not specialised), so
+a decode loop whose context grows compiles each kernel once per variant (causal or not, dtype, head shape). Softmax is online in fp32 (exp2); P @ V runs in tf32 for 16-bit inputs
 (P keeps 10 mantissa bits, V is exact) and in IEEE fp32 for fp32 inputs. Import only through portable_spec.core.dispatch.
 """
 
@@ -43,7 +44,7 @@ def _softmax_step(m, l, acc, s, v, UPCAST: tl.constexpr, PV_TF32: tl.constexpr):
     return m_new, l, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "t_per_split", "num_splits", "svb"])
 def _attention_kernel(
     Q,
     sqb,
@@ -70,19 +71,19 @@ def _attention_kernel(
     OUT,
     sob,
     soh,
-    soi,  # [B, H, k, d], written when SPLITS == 1
+    soi,  # [B, H, k, d], written when num_splits == 1
     PART_ACC,
     PART_M,
-    PART_L,  # [B*Hkv, SPLITS, BLOCK_M, BLOCK_D], [B*Hkv, SPLITS, BLOCK_M] x2 fp32
+    PART_L,  # [B*Hkv, num_splits, BLOCK_M, BLOCK_D], [B*Hkv, num_splits, BLOCK_M] x2 fp32
     num_kv_heads,
     T,
     k,
     d,
     groups,
     t_per_split,
+    num_splits,
     scale_log2,
     CAUSAL: tl.constexpr,
-    SPLITS: tl.constexpr,
     UPCAST: tl.constexpr,
     PV_TF32: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -126,7 +127,7 @@ def _attention_kernel(
         s = tl.where(visible[None, :], s, -float("inf"))
         m, l, acc = _softmax_step(m, l, acc, s, values, UPCAST, PV_TF32)
 
-    if split == SPLITS - 1:
+    if split == num_splits - 1:
         j = tl.arange(0, BLOCK_K)
         j_ok = j < k
         kv_mask = j_ok[:, None] & d_ok[None, :]
@@ -141,7 +142,7 @@ def _attention_kernel(
         s = tl.where(visible, s, -float("inf"))
         m, l, acc = _softmax_step(m, l, acc, s, values, UPCAST, PV_TF32)
 
-    if SPLITS == 1:
+    if num_splits == 1:
         out = acc / l[:, None]
         tl.store(
             OUT + b * sob + head[:, None] * soh + slot[:, None] * soi + dims[None, :],
@@ -149,13 +150,13 @@ def _attention_kernel(
             mask=row_ok[:, None] & d_ok[None, :],
         )
     else:
-        base = pid.to(tl.int64) * SPLITS + split
+        base = pid.to(tl.int64) * num_splits + split
         tl.store(PART_ACC + (base * BLOCK_M + rows[:, None]) * BLOCK_D + dims[None, :], acc)
         tl.store(PART_M + base * BLOCK_M + rows, m)
         tl.store(PART_L + base * BLOCK_M + rows, l)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _combine_kernel(
     PART_ACC,
     PART_M,
@@ -168,7 +169,7 @@ def _combine_kernel(
     k,
     d,
     groups,
-    SPLITS: tl.constexpr,
+    num_splits,
     BLOCK_M: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
@@ -181,8 +182,8 @@ def _combine_kernel(
     m = tl.full([BLOCK_M], -float("inf"), tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for split in range(SPLITS):
-        base = pid.to(tl.int64) * SPLITS + split
+    for split in range(num_splits):
+        base = pid.to(tl.int64) * num_splits + split
         m_split = tl.load(PART_M + base * BLOCK_M + rows)
         m_new = tl.maximum(m, m_split)
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
@@ -233,11 +234,12 @@ def injected_attention_triton(
     programs = batch * kv_heads
     if programs == 0:
         return out.to(q.dtype)
-    part_acc = part_m = part_l = out  # unused placeholders when there is a single split
-    if splits > 1:
-        part_acc = torch.empty(programs, splits, block_m, block_d, dtype=torch.float32, device=q.device)
-        part_m = torch.empty(programs, splits, block_m, dtype=torch.float32, device=q.device)
-        part_l = torch.empty_like(part_m)
+    # fp32 partial-state buffers always (one-element placeholders for a single split): the pointer types, and so
+    # the compiled kernel, are the same whatever the context length and split count
+    parts = (programs, splits) if splits > 1 else (1, 1)
+    part_acc = torch.empty(*parts, block_m, block_d, dtype=torch.float32, device=q.device)
+    part_m = torch.empty(*parts, block_m, dtype=torch.float32, device=q.device)
+    part_l = torch.empty_like(part_m)
     _attention_kernel[(programs, splits)](
         q,
         q.stride(0),
@@ -274,9 +276,9 @@ def injected_attention_triton(
         d,
         groups,
         t_per_split,
+        splits,
         _LOG2E / math.sqrt(d),
         CAUSAL=bool(block_causal),
-        SPLITS=splits,
         UPCAST=upcast,
         PV_TF32=q.element_size() < 4,
         BLOCK_M=block_m,
@@ -298,7 +300,7 @@ def injected_attention_triton(
             k,
             d,
             groups,
-            SPLITS=splits,
+            splits,
             BLOCK_M=block_m,
             BLOCK_D=block_d,
         )

@@ -259,7 +259,7 @@ def initial_drafter(
 def warm_start(target: TargetModel, drafter_config: DrafterConfig, init_from: Path) -> Drafter:
     """The drafter at `init_from` (its weights and draft vocabulary) on the target's device, after checking it is
     the drafter this run would train: bound to this target, the same config field for field."""
-    drafter = target.load_drafter(init_from)
+    drafter = target.bind(load_drafter(init_from))  # fp32 master weights, whatever the target's dtype
     diff = _differences(drafter.config.model_dump(), drafter_config.model_dump())
     if diff:
         raise SpecError(

@@ -6,8 +6,15 @@ working tree included), keeps /tmp only while warm, and gives back at most 8 fil
 
     python scripts/gpu/session.py prepare           # here: wheels, SmolLM2 in parts, prompts; prints the calls
     (device run 1..N-1)  python3 scripts/gpu/session.py stash .gpu/run-K       # each stashes its part in /tmp
-    (device run N)       python3 scripts/gpu/session.py device .gpu/run-N --out $OUT
+    (device run N)       python3 scripts/gpu/session.py device .gpu/run-N --out $OUT --part train
+    (device run N+1)     python3 scripts/gpu/session.py device .gpu/run-N --out $OUT --part decode
     python scripts/gpu/session.py collect FILES_AT [--install]   # here: drafters, tables; restores the index
+
+The train part makes the data (every human turn with context, greedy + sampled replies, bf16 target, static
+cache), trains both kinds from the shipped drafters (warm start) with held-out acceptance measured as they train,
+and packs the best drafters; the decode part (the next run, while /tmp is still warm) runs the kernel tests and
+the interleaved decode table. `collect --install` replaces a shipped drafter only where its held-out tau beats the
+shipped drafter's on the same held-out sequences (both in MANIFEST.json).
     python scripts/gpu/session.py dry-run           # all of it on this CPU at tiny sizes, in a scratch copy
 
 `prepare` keeps the large tracked assets the device does not need (fixture and shipped drafter weights, the
@@ -62,17 +69,20 @@ class Profile:
     decode_tokens: int
     block_sizes: tuple[int, ...]
     limits: dict[str, int] = field(default_factory=dict)  # stage -> seconds at most
+    data_args: tuple[str, ...] = ()  # prompt sources, sampled replies, target dtype, reply cache
+    eval_args: tuple[str, ...] = ()  # held-out acceptance while training
+    decode_seconds: int = 300  # the decode part's run ends its last stage by then
 
 
 PROFILES = {
     "gpu": Profile(
         "cuda",
-        560,
+        570,
         None,
         256,
         1024,
         64,
-        150,
+        330,
         (
             "--steps",
             "1000000",
@@ -92,7 +102,20 @@ PROFILES = {
         12,
         64,
         (4, 16),
-        {"kernels": 90, "target": 60, "data": 120, "features": 60, "decode": 90},
+        {"kernels": 60, "target": 60, "data": 110, "features": 45, "decode": 150, "decode-bf16": 60},
+        (
+            "--prompt-turns",
+            "all",
+            "--prompt-context",
+            "--replies-per-prompt",
+            "2",
+            "--dtype",
+            "bfloat16",
+            "--reply-cache",
+            "static",
+        ),
+        ("--heldout-eval-prompts", "64", "--eval-every", "45", "--eval-blocks", "4", "16"),
+        280,
     ),
     "tiny": Profile(
         "cpu",
@@ -119,7 +142,10 @@ PROFILES = {
         2,
         8,
         (4,),
-        {"kernels": 120, "target": 120, "data": 120, "features": 120, "decode": 120},
+        {"kernels": 120, "target": 120, "data": 120, "features": 120, "decode": 120, "decode-bf16": 120},
+        ("--prompt-turns", "all", "--prompt-context", "--replies-per-prompt", "2"),
+        ("--heldout-eval-prompts", "2", "--eval-every", "1", "--eval-blocks", "4"),
+        400,
     ),
 }
 
@@ -247,7 +273,9 @@ def prepare_prompts(work: Path, data: Path | None, num_prompts: int | None) -> N
     from portable_spec.training.sharegpt import sharegpt_path
 
     tokenizer = load_tokenizer(fetch_target("smollm2"))
-    recipe = RecipeConfig(kind="depth_causal", num_prompts=num_prompts or 10**6)
+    recipe = RecipeConfig(
+        kind="depth_causal", num_prompts=num_prompts or 10**6, prompt_turns="all", prompt_context=True
+    )
     recipe_prompts(tokenizer, data or sharegpt_path(), claim_work_dir(work), recipe)  # train there takes it up
 
 
@@ -315,11 +343,13 @@ def print_calls(plan: dict) -> None:
     for index, run in enumerate(plan["runs"], 1):
         last = index == len(plan["runs"])
         command = (
-            f"python3 scripts/gpu/session.py device {run} --out $OUT"
+            f"python3 scripts/gpu/session.py device {run} --out $OUT --part train"
             if last
             else f"python3 scripts/gpu/session.py stash {run}"
         )
         print(f"  run {index}: command={command!r} carry={[run]} timeout_s={600 if last else 120}")
+    decode = f"python3 scripts/gpu/session.py device {plan['runs'][-1]} --out $OUT --part decode"
+    print(f"  run {len(plan['runs']) + 1}: command={decode!r} carry=[] timeout_s=360")
     print("then: python scripts/gpu/session.py collect <files_at> [--install]   (restores the git index)")
 
 
@@ -337,15 +367,41 @@ def stash(run: Path) -> None:
 
 
 class DeviceRun:
-    """The stages of the last run, each a subprocess under a time limit; results go to OUT after every stage."""
+    """The stages of one part (train, or decode in the next run while /tmp is warm), each a subprocess under a time
+    limit; results go to OUT after every stage."""
 
-    def __init__(self, run: Path, out: Path, profile: Profile) -> None:
+    def __init__(self, run: Path, out: Path, profile: Profile, part: str = "all") -> None:
         self.start = time.monotonic()
-        self.profile, self.out, self.stash = profile, out, stash_dir()
+        self.profile, self.out, self.stash, self.part = profile, out, stash_dir(), part
+        self.deadline = profile.decode_seconds if part == "decode" else profile.seconds
         self.stash.mkdir(parents=True, exist_ok=True)
         self.results = self.stash / "results"
         self.results.mkdir(exist_ok=True)
         self.status: dict[str, dict] = {}
+        site = self.stash / "site"
+        if part == "decode":
+            if not site.is_dir():
+                raise SystemExit(
+                    f"error: {self.stash} holds no train part: run `device ... --part train` first, and this run "
+                    "right after it (the machine keeps /tmp only while warm)"
+                )
+            previous = self.results / "status.json"
+            if previous.exists():
+                self.status = json.loads(previous.read_text())["stages"]
+        else:
+            self.unpack(run, site)
+        sys.path[:0] = [str(ROOT), str(site)]  # this process packs drafters with portable_spec and safetensors
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]),
+            "PYTHONUNBUFFERED": "1",
+            "PORTABLE_SPEC_CACHE": str(self.stash / "cache"),
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+        self.work = self.stash / "payload" / "work"
+
+    def unpack(self, run: Path, site: Path) -> None:
+        """Rejoin the stashed parts with this run's, check them, extract, and install the wheels into `site`."""
         plan = json.loads((run / "plan.json").read_text())
         for path in run.iterdir():
             shutil.copy(path, self.stash / path.name)
@@ -359,7 +415,6 @@ class DeviceRun:
             )
         with tarfile.open(self.payload) as tar:
             tar.extractall(self.stash / "payload", filter="data")
-        site = self.stash / "site"
         subprocess.run(
             [
                 sys.executable,
@@ -376,18 +431,9 @@ class DeviceRun:
             ],
             check=True,
         )
-        sys.path[:0] = [str(ROOT), str(site)]  # this process packs drafters with portable_spec and safetensors
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]),
-            "PYTHONUNBUFFERED": "1",
-            "PORTABLE_SPEC_CACHE": str(self.stash / "cache"),
-            "TOKENIZERS_PARALLELISM": "false",
-        }
-        self.work = self.stash / "payload" / "work"
 
     def left(self) -> float:
-        return self.profile.seconds - (time.monotonic() - self.start)
+        return self.deadline - (time.monotonic() - self.start)
 
     def stage(self, name: str, commands: list[list[str]], limit: float) -> bool:
         """Run `commands` at once (several: concurrently), at most `limit` seconds; record and publish."""
@@ -436,16 +482,14 @@ class DeviceRun:
         return [sys.executable, "-m", "portable_spec.cli", *args]
 
     def run(self) -> None:
+        if self.part in ("all", "train"):
+            self.run_train()
+        if self.part in ("all", "decode"):
+            self.run_decode()
+
+    def run_train(self) -> None:
         p = self.profile
         self.stage("env", [[sys.executable, "-c", ENV_REPORT]], 60)
-        # compiled on CUDA (the `gpu` tests); on a CPU dry run the decode loop through the interpreted kernels
-        selection = ["-m", "gpu"] if p.device == "cuda" else ["-m", "not gpu", "-k", "decode_loop_drafts"]
-        self.stage(
-            "kernels",
-            [[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection, "tests/test_kernels.py"]],
-            p.limits["kernels"] / 2,
-        )
-        self.stage("kernel-bench", [self.cli("bench", "kernels", "--kernel-repeats", "2")], p.limits["kernels"] / 2)
         self.stage("target", [self.cli("fetch-target", "smollm2")], p.limits["target"])
         common = [
             "--target",
@@ -474,6 +518,8 @@ class DeviceRun:
             "8192",
             "--loss-gamma",
             "7",
+            *p.data_args,
+            *p.eval_args,
             *p.train_args,
         ]
         drafters = self.stash / "drafters"
@@ -490,7 +536,8 @@ class DeviceRun:
         done = str(min(shards * p.reply_batch_size, p.num_prompts or 10**6))
         common += ["--num-prompts", done]
         self.stage("features", [self.cli("train", *common, *data_only, "--until", "features")], p.limits["features"])
-        budget = min(p.train_seconds, self.left() - p.limits["decode"] - 60)
+        budget = self.left() - 60  # packing and the drafters' last held-out evaluation
+        shipped = self.stash / "payload/shipped"
         self.stage(
             "train",
             [
@@ -504,39 +551,54 @@ class DeviceRun:
                     "--intermediate-size",
                     str(SHIPPED_SHAPE[kind]),
                     "--time-budget",
-                    str(max(budget, 1)),
+                    str(max(min(budget, p.train_seconds), 1)),
+                    *(["--init-from", str(shipped / kind)] if (shipped / kind).is_dir() else []),
                 )
                 for kind in KINDS
             ],
-            budget + 90,
+            budget + 45,
         )
         self.pack_drafters(drafters)
+
+    def run_decode(self) -> None:
+        p = self.profile
+        # compiled on CUDA (the `gpu` tests); on a CPU dry run the decode loop through the interpreted kernels
+        selection = ["-m", "gpu"] if p.device == "cuda" else ["-m", "not gpu", "-k", "decode_loop_drafts"]
+        self.stage(
+            "kernels",
+            [[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection, "tests/test_kernels.py"]],
+            p.limits["kernels"] * 2 / 3,
+        )
+        self.stage("kernel-bench", [self.cli("bench", "kernels", "--kernel-repeats", "2")], p.limits["kernels"] / 3)
         rows = [f"{kind}-gpu={self.stash / 'ship' / kind}" for kind in KINDS if (self.stash / "ship" / kind).exists()]
         rows += [
             f"{kind}-shipped={self.stash / 'payload/shipped' / kind}"
             for kind in KINDS
             if (self.stash / "payload/shipped" / kind).exists()
         ]
+        bench = [
+            "bench",
+            "decode",
+            "--target",
+            "smollm2",
+            "--device",
+            p.device,
+            "--prompts",
+            str(p.decode_prompts),
+            "--max-new-tokens",
+            str(p.decode_tokens),
+            "--batch-sizes",
+            "1",
+            "--draft-confidence",
+            "0",
+        ]
         self.stage(
             "decode",
             [
                 self.cli(
-                    "bench",
-                    "decode",
-                    "--target",
-                    "smollm2",
-                    "--device",
-                    p.device,
-                    "--prompts",
-                    str(p.decode_prompts),
-                    "--max-new-tokens",
-                    str(p.decode_tokens),
+                    *bench,
                     "--block-sizes",
                     *map(str, p.block_sizes),
-                    "--batch-sizes",
-                    "1",
-                    "--draft-confidence",
-                    "0",
                     "--out",
                     str(self.results / "decode"),
                     *[a for row in rows for a in ("--drafter", row)],
@@ -544,10 +606,28 @@ class DeviceRun:
             ],
             p.limits["decode"],
         )
+        bf16_rows = [row for row in rows if row.startswith("depth_causal-")][:1]  # what users serve: bf16
+        self.stage(
+            "decode-bf16",
+            [
+                self.cli(
+                    *bench,
+                    "--dtype",
+                    "bfloat16",
+                    "--block-sizes",
+                    str(p.block_sizes[0]),
+                    "--out",
+                    str(self.results / "decode-bf16"),
+                    *[a for row in bf16_rows for a in ("--drafter", row)],
+                )
+            ],
+            p.limits["decode-bf16"],
+        )
 
     def pack_drafters(self, drafters: Path) -> None:
-        """Each trained drafter as shipped (bf16 floats), split into parts under 16 MiB into OUT; its loss curve
-        and training state summary into the results."""
+        """Each trained drafter (the best by held-out tau) as shipped (bf16 floats), split into parts under 16 MiB
+        into OUT; its loss and held-out curves, and the held-out tau of where it started (the shipped drafter,
+        when warm-started), into the results."""
         import torch
         from safetensors.torch import load_file
 
@@ -562,16 +642,20 @@ class DeviceRun:
             weights = load_file(str(source / "model.safetensors"))
             shipped = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in weights.items()}
             ship = self.stash / "ship" / kind
-            save_drafter(ship, read_config(source), shipped)
+            save_drafter(ship, read_config(source), shipped, force=True)
             state = json.loads((self.work / f"state-{kind}" / "trainer_state.json").read_text())
             manifest[kind] = {
                 "steps": state["step"],
                 "train_seconds": round(state["elapsed_seconds"], 1),
                 "weights_sha256": sha256(ship / "model.safetensors"),
                 "parts": [],
+                "warm_started_from_shipped": (self.stash / "payload/shipped" / kind).is_dir(),
+                **heldout_summary(self.work / f"{kind}-heldout.jsonl"),
             }
             shutil.copy(ship / "config.json", self.results / f"{kind}.config.json")
-            shutil.copy(self.work / f"{kind}-loss.jsonl", self.results / f"{kind}-loss.jsonl")
+            for curve in (f"{kind}-loss.jsonl", f"{kind}-heldout.jsonl"):
+                if (self.work / curve).exists():
+                    shutil.copy(self.work / curve, self.results / curve)
             data = (ship / "model.safetensors").read_bytes()
             for index, offset in enumerate(range(0, len(data), BACK_FILE_LIMIT - MARGIN)):
                 name = f"{kind}.safetensors.part{index}"
@@ -579,6 +663,23 @@ class DeviceRun:
                 manifest[kind]["parts"].append(name)
         (self.results / "drafters.json").write_text(json.dumps(manifest, indent=1) + "\n")
         self.publish()
+
+
+def heldout_summary(log: Path) -> dict:
+    """From a held-out log: the best tau (what the packed drafter reaches) and the tau at step 0 (where it started:
+    the shipped drafter when warm-started), at the block that picks the best."""
+    if not log.exists():
+        return {}
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    block = next(iter(entries[0]["tau"]))
+    best = max(entries, key=lambda e: e["tau"][block])
+    return {
+        "heldout_block": int(block),
+        "heldout_tau": best["tau"][block],
+        "heldout_tau_best_step": best["step"],
+        "heldout_tau_at_start": entries[0]["tau"][block],
+        "heldout_sequences": entries[0]["sequences"],
+    }
 
 
 ENV_REPORT = """
@@ -596,48 +697,77 @@ print(json.dumps(info))
 
 # -- collect (here) -----------------------------------------------------------------------------------------------
 def collect(files_at: Path, repo: Path, dest: Path, install: bool) -> dict:
-    """Unpack the results, rejoin and check the drafters; with install, ship them and the tables into the repo."""
-    with tarfile.open(files_at / "results.tar.gz") as tar:
+    """Unpack the results, rejoin and check the drafters (every part read and its checksum matched before anything
+    is written: a missing part leaves an earlier collect's drafter as it was); with install, ship them and the
+    tables into the repo."""
+    archive = files_at / "results.tar.gz"
+    if not archive.is_file():
+        raise SystemExit(f"error: {files_at} holds no results.tar.gz; pass the files_at folder of the last device run")
+    with tarfile.open(archive) as tar:
         tar.extractall(dest, filter="data")
     results = dest / "results"
     manifest = json.loads((results / "drafters.json").read_text()) if (results / "drafters.json").exists() else {}
+    weights = {}
     for kind, entry in manifest.items():
+        missing = [part for part in entry["parts"] if not (files_at / part).is_file()]
+        if missing:
+            raise SystemExit(f"error: {files_at} lacks {kind}'s parts {missing}; nothing was written for it")
+        weights[kind] = b"".join((files_at / part).read_bytes() for part in entry["parts"])
+        if hashlib.sha256(weights[kind]).hexdigest() != entry["weights_sha256"]:
+            raise SystemExit(f"error: {kind} weights do not match their checksum: a part in {files_at} is damaged")
+    for kind, data in weights.items():
         out = dest / "drafters" / kind
         out.mkdir(parents=True, exist_ok=True)
-        with open(out / "model.safetensors", "wb") as sink:
-            sink.writelines((files_at / part).read_bytes() for part in entry["parts"])
-        if sha256(out / "model.safetensors") != entry["weights_sha256"]:
-            raise SystemExit(f"error: {kind} weights do not match their checksum: a part is missing from {files_at}")
+        (out / "model.safetensors").write_bytes(data)
         shutil.copy(results / f"{kind}.config.json", out / "config.json")
     if install:
         ship(repo, dest, manifest)
     return manifest
 
 
+def beats_shipped(entry: dict) -> bool:
+    """A GPU drafter replaces the shipped one only when it was warm-started from it and its best held-out tau is
+    higher than the shipped drafter's own tau on the same held-out sequences (the log's step 0)."""
+    return bool(entry.get("warm_started_from_shipped")) and entry.get("heldout_tau", 0) > entry.get(
+        "heldout_tau_at_start", float("inf")
+    )
+
+
 def ship(repo: Path, dest: Path, manifest: dict) -> None:
-    """The GPU-trained drafters replace the shipped ones (same kinds, shapes and target); tables and curves go to
-    docs/benchmarks/gpu/; MANIFEST.json records steps and seconds."""
+    """GPU-trained drafters that beat the shipped ones (beats_shipped) replace them; every kind's figures, kept or
+    not, go to MANIFEST.json's `gpu_runs`; tables and curves go to docs/benchmarks/gpu/."""
     from portable_spec.core.drafter import load_drafter
 
     assets, docs = repo / "portable_spec/assets/smollm2", repo / "docs/benchmarks/gpu"
     record = json.loads((assets / "MANIFEST.json").read_text())
     for kind, entry in manifest.items():
         load_drafter(dest / "drafters" / kind)  # refuses anything malformed before it replaces a shipped drafter
-        for name in ("config.json", "model.safetensors"):
-            shutil.copy(dest / "drafters" / kind / name, assets / "drafters" / kind / name)
         losses = [json.loads(line) for line in (dest / "results" / f"{kind}-loss.jsonl").read_text().splitlines()]
         tail = [e["loss"] for e in losses[-50:]]
-        record["drafters"][kind].update(
-            steps=entry["steps"],
-            train_seconds=entry["train_seconds"],
-            final_loss_mean_last_50=round(sum(tail) / len(tail), 4),
-            trained_on="GPU",
-        )
+        figures = {
+            "steps": entry["steps"],
+            "train_seconds": entry["train_seconds"],
+            "final_loss_mean_last_50": round(sum(tail) / len(tail), 4),
+            **{k: v for k, v in entry.items() if k.startswith("heldout") or k == "warm_started_from_shipped"},
+            "replaced_shipped": beats_shipped(entry),
+        }
+        record.setdefault("gpu_runs", {}).setdefault(kind, []).append(figures)
+        if figures["replaced_shipped"]:
+            for name in ("config.json", "model.safetensors"):
+                shutil.copy(dest / "drafters" / kind / name, assets / "drafters" / kind / name)
+            record["drafters"][kind].update(
+                steps=entry["steps"],
+                train_seconds=entry["train_seconds"],
+                final_loss_mean_last_50=figures["final_loss_mean_last_50"],
+                heldout_tau=entry["heldout_tau"],
+                trained_on="GPU (warm start from the previous shipped drafter)",
+            )
     (assets / "MANIFEST.json").write_text(json.dumps(record, indent=1) + "\n")
     docs.mkdir(parents=True, exist_ok=True)
     for path in (dest / "results").rglob("*"):
         if path.is_file() and path.suffix in (".md", ".json", ".png", ".jsonl"):
-            shutil.copy(path, docs / path.name)
+            name = path.name if path.parent == dest / "results" else f"{path.parent.name}-{path.name}"
+            shutil.copy(path, docs / name)
 
 
 # -- dry run ------------------------------------------------------------------------------------------------------
@@ -673,7 +803,16 @@ def dry_run(scratch: Path, data: Path | None) -> dict:
         assert sent[-1] <= RUN_LIMIT, f"run {index} would send {sent[-1]} bytes"
         last = index == len(plan["runs"])
         args = ["device", run, "--out", str(scratch / "out"), "--profile", "tiny"] if last else ["stash", run]
-        subprocess.run([sys.executable, "scripts/gpu/session.py", *args], cwd=device_root, env=env, check=True)
+        subprocess.run(
+            [sys.executable, "scripts/gpu/session.py", *args, *(["--part", "train"] if last else [])],
+            cwd=device_root,
+            env=env,
+            check=True,
+        )
+    device_root = scratch / "device-decode"  # the decode part: a run that carries nothing, /tmp still warm
+    sent.append(device_copy(repo, [], device_root))
+    decode = ["device", plan["runs"][-1], "--out", str(scratch / "out"), "--profile", "tiny", "--part", "decode"]
+    subprocess.run([sys.executable, "scripts/gpu/session.py", *decode], cwd=device_root, env=env, check=True)
     back = sorted((scratch / "out").iterdir())
     assert len(back) <= BACK_FILES and all(p.stat().st_size <= BACK_FILE_LIMIT for p in back), back
     manifest = collect(scratch / "out", repo, scratch / "collected", install=True)
@@ -694,6 +833,13 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("run", type=Path)
     dev.add_argument("--out", type=Path, required=True)
     dev.add_argument("--profile", choices=PROFILES, default="gpu")
+    dev.add_argument(
+        "--part",
+        choices=("train", "decode", "all"),
+        default="all",
+        help="train: data, features, drafters (this run carries the last part); decode: kernels and the decode "
+        "tables, in the next run while /tmp is warm",
+    )
     col = sub.add_parser("collect", help="here: drafters and tables from the files the last run gave back")
     col.add_argument("files_at", type=Path)
     col.add_argument("--dest", type=Path, default=ROOT / "runs" / "gpu")
@@ -708,7 +854,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "stash":
         stash(args.run)
     elif args.command == "device":
-        DeviceRun(args.run, args.out, PROFILES[args.profile]).run()
+        DeviceRun(args.run, args.out, PROFILES[args.profile], args.part).run()
     elif args.command == "collect":
         try:
             print(json.dumps(collect(args.files_at, ROOT, args.dest, args.install), indent=1))
