@@ -229,18 +229,7 @@ def run_recipe(
     if until == "prompts":
         return None
     lock = lambda: locked(data_lock(work_dir), f"--work-dir {work_dir}")  # noqa: E731 - taken only for work to do
-    data_dir = generate_replies(
-        target_dir,
-        prompts,
-        work_dir / "data",
-        max_new_tokens=recipe.max_new_tokens,
-        shard_size=recipe.reply_batch_size,
-        generator=recipe.generator,
-        device=str(target.device),
-        dtype=target.model.dtype,
-        lock=lock,
-        replies=recipe.replies,
-    )
+    data_dir = _replies(target, target_dir, prompts, work_dir / "data", recipe, lock, recipe.replies)
     heldout_dir = _heldout_replies(target, target_dir, work_dir, recipe, lock)
     if until == "replies":
         return None
@@ -317,14 +306,20 @@ def _heldout_replies(target: TargetModel, target_dir: Path, work_dir: Path, reci
     prompts = [p["ids"] for p in read_prompts(heldout_file)][: recipe.heldout_eval_prompts]
     if not prompts:
         return None
+    return _replies(target, target_dir, prompts, work_dir / "heldout", recipe, lock)
+
+
+def _replies(target: TargetModel, target_dir: Path, prompts, out_dir: Path, recipe, lock, replies=None) -> Path:
+    """The target's replies to `prompts` in out_dir, with the recipe's generation settings (greedy unless `replies`)."""
     return generate_replies(
         target_dir,
         prompts,
-        work_dir / "heldout",
+        out_dir,
         max_new_tokens=recipe.max_new_tokens,
         shard_size=recipe.reply_batch_size,
         generator=recipe.generator,
         device=str(target.device),
         dtype=target.model.dtype,
         lock=lock,
+        replies=replies,
     )
