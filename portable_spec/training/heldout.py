@@ -79,7 +79,15 @@ class HeldoutAcceptance:
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
     @staticmethod
-    def load(data_dir: Path, layer_ids: list[int], fingerprint: str, device, blocks=(4, 16), autocast=None):
+    def load(
+        data_dir: Path,
+        layer_ids: list[int],
+        fingerprint: str,
+        device: torch.device | str,
+        blocks: tuple[int, ...] = (4, 16),
+        autocast: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ) -> "HeldoutAcceptance":
+        """The held-out sequences of data_dir (features cached for these layers of this target) on `device`."""
         dataset = FeatureDataset.load(data_dir, layer_ids, fingerprint).to(device)
         return HeldoutAcceptance(dataset, tuple(blocks), autocast or contextlib.nullcontext)
 
