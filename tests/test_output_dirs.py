@@ -192,3 +192,22 @@ def test_a_damaged_target_cache_manifest_is_rebuilt_not_an_error(tmp_path):
 
     (tmp_path / MANIFEST).write_text("{half")
     assert _manifest_ok(tmp_path, "sha256:x") is False
+
+
+def test_an_output_that_is_a_symlink_stays_the_users_link(tmp_path):
+    """Written through: the link keeps pointing where it did, and what it points to holds the new output."""
+    from portable_spec.core.outputs import write_dir_atomically, write_file_atomically
+
+    real, link = tmp_path / "real", tmp_path / "link"
+    real.mkdir()
+    link.symlink_to(real, target_is_directory=True)
+    for text in ("first", "second"):  # an empty target, then replacing our own previous output through the link
+        write_dir_atomically(link, lambda tmp, text=text: (tmp / "out.txt").write_text(text), kind="bench")
+        assert link.is_symlink() and link.resolve() == real.resolve()
+        assert (real / "out.txt").read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # nothing renamed away or left behind
+    target, file_link = tmp_path / "table.md", tmp_path / "table-link.md"
+    target.write_text("old")
+    file_link.symlink_to(target)
+    write_file_atomically(file_link, lambda tmp: tmp.write_text("new"))
+    assert file_link.is_symlink() and target.read_text() == "new"

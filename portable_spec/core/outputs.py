@@ -162,11 +162,17 @@ def raise_write_error(path: Path, error: Exception) -> None:
     ) from error
 
 
+def _through_link(path: Path) -> Path:
+    """An output that is a symlink is the user's link: write where it points (it keeps pointing there), never
+    replace the link itself."""
+    return _resolved(path) if path.is_symlink() else path
+
+
 def write_file_atomically(path: Path, write: Callable[[Path], None]) -> Path:
     """Run `write(tmp_path)` beside `path`, then rename it over `path`: readers never see a half-written file, and a
     failed or interrupted write leaves nothing behind. The temp name keeps the suffix (matplotlib picks the format
     from it)."""
-    path = Path(path)
+    path = _through_link(Path(path))
     if path.is_dir():
         raise SpecError(f"{path}: is a directory; pass a file path")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +194,7 @@ def write_dir_atomically(
     """Run `write(tmp_dir)`, then rename tmp_dir to out_dir, under a lock on out_dir; on any error or interrupt
     nothing is left at out_dir and a replaced previous output is restored. Only an empty directory or a previous
     output of the same `kind` (and owner) is replaced, unless forced (check_output_dir)."""
-    out_dir = Path(out_dir)
+    out_dir = _through_link(Path(out_dir))
     check_output_dir(out_dir, kind, force=force, owner=owner)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     with locked(out_dir.parent / f".{out_dir.name}{LOCK_FILE}", f"output {out_dir}"):
