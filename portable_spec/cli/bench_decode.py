@@ -14,13 +14,12 @@ import torch
 
 from portable_spec.bench.bench_setup import TARGET_CHOICES, device_name, load_setup, param_count
 from portable_spec.bench.evaluate import PLAIN, ComparisonRow, DecodeJob, compare, format_table, grid
-from portable_spec.cli.devices import check_device
+from portable_spec.cli.devices import DTYPES, check_device
 from portable_spec.core.drafter import Drafter
 from portable_spec.core.outputs import claim_output_dir, mark_output_dir, write_file_atomically
 from portable_spec.core.spec import SpecError
 
 BLOCK_SIZES = (4, 8, 16)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 BENCH_FILES = ("benchmarks.md", "benchmarks.json", "benchmarks.png")
 
 

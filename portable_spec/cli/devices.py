@@ -1,10 +1,12 @@
-"""--device, checked before any model loads: a device this torch build can use."""
+"""--device, checked before any model loads (a device this torch build can use), and the --dtype names."""
 
 from __future__ import annotations
 
 import torch
 
 from portable_spec.core.spec import SpecError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}  # --dtype NAME -> dtype
 
 
 def check_device(device: str) -> torch.device:

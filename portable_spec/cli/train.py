@@ -10,10 +10,9 @@ import argparse
 import typing
 from pathlib import Path
 
-import torch
 from pydantic.fields import FieldInfo
 
-from portable_spec.cli.devices import check_device
+from portable_spec.cli.devices import DTYPES, check_device
 from portable_spec.core.outputs import (
     check_not_an_input,
     check_output_dir,
@@ -27,8 +26,6 @@ from portable_spec.core.spec import VARIANT_KINDS, SpecError
 from portable_spec.training.distill_data import ReplyConfig
 from portable_spec.training.recipe import STAGES, EvalConfig, RecipeConfig, prompts_prepared, run_recipe
 from portable_spec.training.train import TrainConfig, check_shapes
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
