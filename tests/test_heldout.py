@@ -14,6 +14,7 @@ from portable_spec.core.testing import tiny_target
 from portable_spec.training.distill_data import Sequences
 from portable_spec.training.feature_cache import FeatureDataset
 from portable_spec.training.heldout import HeldoutAcceptance, HeldoutTracker, simulate_rounds
+from portable_spec.training.recipe import EvalConfig
 from portable_spec.training.train import TrainConfig, drafter_config_for, train_drafter, warm_start
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -91,7 +92,7 @@ def test_heldout_acceptance_reports_tau_per_block(fixture_target):
     assert report["tau"][4] > 1.2 and report["tau"][16] >= report["tau"][4] - 0.5
     assert len(report["acceptance_by_position"][16]) == 15 and not drafter.training
     with pytest.raises(SpecError, match="--eval-blocks 32"):
-        HeldoutAcceptance(dataset, blocks=(32,)).check_blocks(drafter.config.block_size)
+        EvalConfig(blocks=(32,)).check_blocks(drafter.config.block_size)
 
 
 def _tiny_setup():

@@ -190,9 +190,7 @@ def run(args: argparse.Namespace) -> int:
         plateau=args.plateau_evals,
     )
     check_shapes(args.block_size, train)  # before any model loads
-    for block in evaluation.blocks:
-        if not 2 <= block <= args.block_size:
-            raise SpecError(f"--eval-blocks {block}: measure blocks in 2..{args.block_size} (--block-size)")
+    evaluation.check_blocks(args.block_size)
     if train.init_from is not None:
         check_init_from(Path(train.init_from), args)
     device = check_device(args.device)

@@ -29,7 +29,6 @@ from portable_spec.core.checkpoint import write_drafter_files
 from portable_spec.core.decode import acceptance_by_position
 from portable_spec.core.drafter import Drafter, load_drafter
 from portable_spec.core.outputs import check_output_dir, write_dir_atomically
-from portable_spec.core.spec import SpecError
 from portable_spec.training.feature_cache import FeatureDataset
 from portable_spec.training.train import block_predictions
 
@@ -90,14 +89,6 @@ class HeldoutAcceptance:
         """The held-out sequences of data_dir (features cached for these layers of this target) on `device`."""
         dataset = FeatureDataset.load(data_dir, layer_ids, fingerprint).to(device)
         return HeldoutAcceptance(dataset, tuple(blocks), autocast or contextlib.nullcontext)
-
-    def check_blocks(self, block_size: int) -> None:
-        for block in self.blocks:
-            if not 2 <= block <= block_size:
-                raise SpecError(
-                    f"--eval-blocks {block}: held-out acceptance is measured at blocks in 2..{block_size} "
-                    "(the drafter's block_size)"
-                )
 
     def __call__(self, drafter: Drafter) -> dict:
         """{"tau": {block: tau}, "acceptance_by_position": {block: [...]}, "sequences", "rounds": {block: n}}."""

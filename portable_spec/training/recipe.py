@@ -117,6 +117,12 @@ class EvalConfig(BaseModel):
     blocks: tuple[int, ...] = Field((4, 16), min_length=1, description="Blocks measured; the first picks the best.")
     plateau: int | None = Field(None, ge=1, description="Stop after this many evaluations without a gain.")
 
+    def check_blocks(self, block_size: int) -> None:
+        """Held-out acceptance is measured at blocks the drafter can run: 2..block_size."""
+        for block in self.blocks:
+            if not 2 <= block <= block_size:
+                raise SpecError(f"--eval-blocks {block}: measure blocks in 2..{block_size} (--block-size)")
+
 
 TRAIN_PROMPTS, HELDOUT_PROMPTS = "train_prompts.json", "heldout_prompts.json"
 
@@ -263,6 +269,7 @@ def run_recipe(
 
     tracker = None
     if heldout_dir is not None and evaluation.every is not None:
+        evaluation.check_blocks(config.block_size)
         evaluate = HeldoutAcceptance.load(
             heldout_dir,
             config.target_layer_ids,
@@ -271,7 +278,6 @@ def run_recipe(
             evaluation.blocks,
             lambda: autocast_for(train.precision, target.device),
         )
-        evaluate.check_blocks(config.block_size)
         tracker = HeldoutTracker(
             evaluate,
             evaluation.every,
