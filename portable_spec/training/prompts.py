@@ -12,9 +12,9 @@ from portable_spec.training.sharegpt import (
     Prompt,
     PromptTurns,
     chat_prompt_ids,
-    first_human_turns,
-    human_turns,
+    iter_conversations,
     split_prompts,
+    turn_prompts,
 )
 
 LENGTH_WINDOW = 4096  # training prompts are length-sorted within windows this long (see length_bucketed)
@@ -46,8 +46,9 @@ def chat_prompt_split(
 ) -> tuple[list[dict], list[dict]]:
     """(train, held-out) prompts: train from the chosen human turns of the train-split conversations, held-out from
     the held-out conversations' first turns; split by conversation, so no held-out conversation is ever trained on."""
-    train, _ = split_prompts(human_turns(Path(data_path), turns, context), heldout_percent)
-    _, heldout = split_prompts(first_human_turns(Path(data_path)), heldout_percent)
+    conversations = list(iter_conversations(Path(data_path)))  # read and parsed once for both splits
+    train, _ = split_prompts(turn_prompts(conversations, data_path, turns, context), heldout_percent)
+    _, heldout = split_prompts(turn_prompts(conversations, data_path, "first"), heldout_percent)
     train_ids = length_bucketed(tokenized(tokenizer, train, max_prompt_tokens, train_limit))
     heldout_ids = tokenized(tokenizer, heldout, max_prompt_tokens, heldout_limit)
     if not train_ids:

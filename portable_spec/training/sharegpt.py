@@ -130,10 +130,17 @@ def conversation_turns(conversation: dict) -> list[tuple[Role, str]]:
 
 
 def human_turns(path: Path, turns: PromptTurns = "first", context: bool = False) -> list[Prompt]:
+    """Prompts from each conversation's non-empty user turns (turn_prompts) of the file at `path`."""
+    return turn_prompts(list(iter_conversations(path)), path, turns, context)
+
+
+def turn_prompts(
+    conversations: list[dict], path: Path, turns: PromptTurns = "first", context: bool = False
+) -> list[Prompt]:
     """Prompts from each conversation's non-empty user turns: the first only, or every one (standalone, and with
-    the turns before it when `context`), in file order, de-duplicated by their messages."""
+    the turns before it when `context`), in file order, de-duplicated by their messages; `path` names the file."""
     prompts, seen = [], set()
-    for number, conversation in enumerate(iter_conversations(path)):
+    for number, conversation in enumerate(conversations):
         conversation_id = str(conversation.get("id", number))
         history = conversation_turns(conversation)
         for index, (role, text) in enumerate(history):
