@@ -6,8 +6,9 @@ once for the whole GQA group (the drafter's k queries are few: this is decode-sh
 Context validity (holes from rejected slots) is a [B, T] mask read per tile; the k block keys/values are read
 by the last split. With several splits (long context, few heads), partial softmax states are merged by a
 second small kernel (flash-decoding). Context length and split count are runtime arguments (not specialised), so
-a decode loop whose context grows compiles each kernel once per variant (causal or not, dtype, head shape). Softmax is online in fp32 (exp2); P @ V runs in tf32 for 16-bit inputs
-(P keeps 10 mantissa bits, V is exact) and in IEEE fp32 for fp32 inputs. Import only through portable_spec.core.dispatch.
+a decode loop whose context grows compiles each kernel once per variant (causal or not, dtype, head shape).
+Softmax is online in fp32 (exp2); P @ V runs in tf32 for 16-bit inputs (P keeps 10 mantissa bits, V is exact)
+and in IEEE fp32 for fp32 inputs. Import only through portable_spec.core.dispatch.
 """
 
 from __future__ import annotations

@@ -33,6 +33,9 @@ from portable_spec.core.spec import SpecError, read_json_object
 Generator = Literal["auto", "vllm", "hf"]
 
 
+SAMPLING_KEYS = ("replies_per_prompt", "temperature", "top_p", "seed")  # distill.json keys of sampled data
+
+
 class ReplyConfig(BaseModel):
     """How the target writes its replies beyond the greedy one."""
 
@@ -48,12 +51,7 @@ class ReplyConfig(BaseModel):
         """What a shard's content depends on (greedy-only data keeps the keys older work dirs recorded)."""
         if self.per_prompt == 1:
             return {}
-        return {
-            "replies_per_prompt": self.per_prompt,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "seed": self.seed,
-        }
+        return dict(zip(SAMPLING_KEYS, (self.per_prompt, self.temperature, self.top_p, self.seed)))
 
     def sample_seed(self, shard: int, round_: int) -> int:
         return (self.seed * 1_000_003 + shard * 1009 + round_) % 2**31
@@ -233,7 +231,7 @@ def generate_replies(
     meta = {"max_new_tokens": max_new_tokens, "shard_size": shard_size, **replies.shard_meta()}
     if meta_file.exists():
         previous = read_json_object(meta_file, f"delete {out_dir} to regenerate the replies")
-        keys = set(meta) | (set(_SAMPLING_KEYS) & set(previous))
+        keys = set(meta) | (set(SAMPLING_KEYS) & set(previous))
         changed = {k: (previous.get(k), meta.get(k)) for k in keys if previous.get(k) != meta.get(k)}
         if changed:
             raise SpecError(
@@ -257,9 +255,6 @@ def generate_replies(
             write_file_atomically(meta_file, lambda tmp: tmp.write_text(text))
         _generate_shards(target_dir, prompts, out_dir, todo, max_new_tokens, generator, device, dtype, replies)
     return out_dir
-
-
-_SAMPLING_KEYS = ("replies_per_prompt", "temperature", "top_p", "seed")
 
 
 def _generate_shards(

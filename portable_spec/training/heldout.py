@@ -41,12 +41,12 @@ def greedy_drafts_at(drafter: Drafter, features: torch.Tensor, tokens: torch.Ten
     tokens [n], features [n, F] (the target's, position by position)."""
     k, n = drafter.config.block_size, len(tokens)
     padded = torch.cat((tokens, tokens.new_zeros(k)))[None]  # slots past the end: drafted, never matched
+    ids = drafter.draft_token_ids()  # draft index -> target id, None for the full vocabulary
     rows = []
     for start in range(first, n, ANCHORS_PER_PASS):
         anchors = torch.arange(start, min(start + ANCHORS_PER_PASS, n), device=tokens.device)[None]
         logits, _ = block_predictions(drafter, features[None], padded, anchors)  # [1, A, k-1, V_draft]
         draft = logits[0].argmax(dim=-1)
-        ids = drafter.draft_token_ids()
         rows.append(draft if ids is None else ids.to(draft.device)[draft])
     return torch.cat(rows)
 
