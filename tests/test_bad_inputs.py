@@ -276,6 +276,21 @@ CASES = [
     Case("check DRAFTER_WITH_NAN_WEIGHTS", ("check", "{nan_drafter}"), expect=r"non-finite values .*fc\.weight"),
     Case("check DRAFTER_WITH_FLOAT64_WEIGHTS", ("check", "{f64_drafter}"), expect=r"unexpected dtypes .*float64"),
     Case("check MISSING_DIR", ("check", "{missing}"), expect=r"missing: not found"),
+    Case(
+        "check --target T DRAFTER_WITH_D2T_OUTSIDE_THE_VOCABULARY",
+        ("check", "{bad_d2t_drafter}", "--target", "{target}"),
+        expect=r"d2t: needs 64 distinct ids in \[0, 2048\), got 64 ids .* to 1000063",
+    ),
+    Case(
+        "generate --drafter DRAFTER_WITH_NAN_WEIGHTS",
+        gen("--drafter", "{nan_drafter}"),
+        expect=r"non-finite values .*fc\.weight",
+    ),
+    Case(
+        "export onnx DRAFTER_WITH_NAN_WEIGHTS OUT",
+        ("export", "onnx", "{nan_drafter}", "{out}", "--target", "{target}"),
+        expect=r"non-finite values .*fc\.weight",
+    ),
     # -- output directories ---------------------------------------------------------------------------------------
     Case(
         "export onnx D D  (output = the drafter)",
@@ -499,7 +514,14 @@ CASES = [
                 r"target_layer_ids=\[0, 1, 9\] must lie in \[0, 2\]",
             ),
             ("par", "a portable checkpoint", r"already a portable-spec checkpoint"),
+            ("up_nan", "NaN weights", r"non-finite values \(NaN or inf\) in \['fc\.weight'\]"),
+            ("up_float_d2t", "a fractional d2t", r"d2t holds non-integer offsets"),
         )
+    ),
+    Case(
+        "import over a drafter that train wrote",
+        ("import", "{up_zlab}", "{trained_drafter}", "--target", "{target}"),
+        expect=r"holds a drafter written from .*work, not a previous drafter output",
     ),
     Case(
         "import into the upstream directory itself",
@@ -588,6 +610,16 @@ def built(tmp_path_factory) -> dict[str, Path]:
     _copy_drafter(dc, parent / "dc")
     (parent / "notes.txt").write_text("the user's notes beside their drafter\n")
     paths["parent"] = parent
+    trained = _copy_drafter(dc, root / "trained_drafter")
+    write_marker(trained, "drafter", owner=str(root / "some-run" / "work"))  # what train writes: its work dir owns it
+    paths["trained_drafter"] = trained
+    bad_d2t = _copy_drafter(dc, root / "bad_d2t_drafter")  # a 64-id draft vocabulary whose d2t leaves the vocabulary
+    config = json.loads((bad_d2t / "config.json").read_text())
+    (bad_d2t / "config.json").write_text(json.dumps({**config, "draft_vocab_size": 64}))
+    d2t = torch.zeros(64, dtype=torch.int64)
+    d2t[-1] = 10**6
+    _rewrite(bad_d2t, lambda w: {**w, "d2t": d2t})
+    paths["bad_d2t_drafter"] = bad_d2t
     mine = _copy_drafter(dc, root / "my_drafter")
     write_marker(mine, "drafter")  # saved by portable-spec through the API: no work dir owns it
     paths["my_drafter"] = mine
@@ -683,6 +715,11 @@ def _upstream_inputs(root: Path, parallel: Path) -> dict[str, Path]:
         "up_own_embedding": weights_change(lambda w: {**w, "embed_tokens.weight": torch.randn(2048, 256)}),
         "up_missing_weight": weights_change(
             lambda w: {k: v for k, v in w.items() if k != "layers.1.mlp.up_proj.weight"}
+        ),
+        "up_nan": weights_change(lambda w: {**w, "fc.weight": w["fc.weight"] * float("nan")}),
+        "up_float_d2t": lambda d: (
+            config_change(draft_vocab_size=64)(d),
+            save_file({**weights, "d2t": torch.full((64,), 0.5)}, d / "model.safetensors", metadata={"format": "pt"}),
         ),
     }
     speculators = {

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from portable_spec.core.errors import first_line, validation_line
 from portable_spec.core.spec import SpecError
+from portable_spec.training.distributed import MainFailed, RankStopped, error_prefix
 
 # subcommand -> module in portable_spec.cli exposing add_arguments(parser) and run(args) -> int
 COMMANDS = {
@@ -44,6 +45,8 @@ def describe(error: BaseException) -> tuple[str, int]:
     """(one-line message, exit status) for an error a user can meet; 2 = bad input, 1 = anything else."""
     if isinstance(error, SpecError):
         return str(error), 2
+    if isinstance(error, RankStopped):  # another rank failed: its line, or torchrun's report, says how
+        return str(error), 1
     if isinstance(error, ValidationError):
         return validation_line(error), 2
     if isinstance(error, OSError) and error.filename is not None:
@@ -82,8 +85,15 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         message, status = describe(error)
-        print(f"error: {message}", file=sys.stderr)
+        prefix = _rank_prefix(error)
+        if prefix is not None:
+            print(f"error: {prefix}{message}", file=sys.stderr)
         return status
+
+
+def _rank_prefix(error: BaseException) -> str | None:
+    """ "" for one process; under torchrun, which rank speaks (training/distributed.error_prefix), None for silence."""
+    return None if isinstance(error, MainFailed) else error_prefix()
 
 
 if __name__ == "__main__":

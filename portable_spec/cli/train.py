@@ -2,6 +2,7 @@
 
 portable-spec train --target smollm2 --kind depth_causal --out drafters/dc --work-dir runs/smollm2
 portable-spec train --target /models/Qwen3-8B --data sharegpt.json --device cuda --dtype bfloat16 ...
+torchrun --nproc-per-node 8 -m portable_spec.cli train --target /models/Qwen3-8B --device cuda ...
 """
 
 from __future__ import annotations
@@ -23,13 +24,19 @@ from portable_spec.core.outputs import (
 )
 from portable_spec.core.real_target import KNOWN_TARGETS
 from portable_spec.core.spec import VARIANT_KINDS, SpecError
-from portable_spec.training.distill_data import ReplyConfig
+from portable_spec.training import distributed
+from portable_spec.training.distill_data import ReplyConfig, pick_generator
 from portable_spec.training.recipe import STAGES, EvalConfig, RecipeConfig, prompts_prepared, run_recipe
+from portable_spec.training.sharding import check_layouts, shard_target
 from portable_spec.training.train import TrainConfig, check_shapes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, help="A known target (smollm2) or an HF model directory.")
+    parser.add_argument(
+        "--target",
+        required=True,
+        help="A known target (smollm2), fixture (the tiny test target shipped in the package) or an HF model directory.",
+    )
     parser.add_argument(
         "--data",
         type=Path,
@@ -112,6 +119,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Sequences per target pass when caching features; tens on a GPU.",
     )
     recipe.add_argument(
+        "--features",
+        choices=("auto", "online", "cached"),
+        default="auto",
+        help="Target features cached on disk once, or computed by the target in each training step (online); "
+        "auto: cached when they fit in half the free disk and a quarter of the device's memory.",
+    )
+    recipe.add_argument(
         "--heldout-eval-prompts",
         type=int,
         default=32,
@@ -137,6 +151,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Stop after this stage (e.g. prepare data once, then train several kinds on it).",
     )
     parser.add_argument("--device", default="cpu", help="Where the target and drafter run (cpu, cuda, cuda:1).")
+    parser.add_argument(
+        "--target-parallel",
+        choices=("replicate", "fsdp"),
+        default="replicate",
+        help="Under torchrun: the frozen target whole on every rank, or its decoder layers sharded over the ranks "
+        "(FSDP2; needs --features online and replies already made).",
+    )
     parser.add_argument("--dtype", choices=DTYPES, default="float32", help="Target dtype (bfloat16 on a GPU).")
     parser.add_argument(
         "--force",
@@ -182,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
         generator=args.generator,
         reply_batch_size=args.reply_batch_size,
         feature_batch_size=args.feature_batch_size,
+        features=args.features,
         heldout_eval_prompts=args.heldout_eval_prompts,
     )
     evaluation = EvalConfig(
@@ -189,16 +211,30 @@ def run(args: argparse.Namespace) -> int:
         blocks=tuple(args.eval_blocks),
         plateau=args.plateau_evals,
     )
+    ranks = distributed.from_environment()  # torchrun's; one process is world 1
     check_shapes(args.block_size, train)  # before any model loads
     evaluation.check_blocks(args.block_size)
+    distributed.check_batch(ranks, train.batch_size, train.grad_accum)
+    pick_generator(args.generator, ranks)
+    check_layouts(ranks, args.target_parallel, args.features)
     if train.init_from is not None:
         check_init_from(Path(train.init_from), args)
-    device = check_device(args.device)
+    device = distributed.rank_device(check_device(args.device), ranks)
     data = args.data
     if data is None and not prompts_prepared(args.work_dir):  # a prepared work dir needs no data set
         data = sharegpt_path()
     if data is not None and not Path(data).is_file():
         raise SpecError(f"--data {data}: not a file; pass a ShareGPT-style JSON file")
+    distributed.start(ranks, device)
+    try:
+        distributed.checked_by_main(ranks, lambda: _check_outputs(args, data))
+        return _train(args, train, recipe, evaluation, device, data, ranks)
+    finally:
+        distributed.finish()
+
+
+def _check_outputs(args: argparse.Namespace, data: Path | None) -> None:
+    """What the run writes is free to write (rank 0 checks for every rank: the others would see its locks)."""
     check_paths(args, data)
     claim_work_dir(args.work_dir, args.force)
     check_unlocked(data_lock(args.work_dir), f"--work-dir {args.work_dir}")  # fail at once, before loading
@@ -206,7 +242,6 @@ def run(args: argparse.Namespace) -> int:
         training_lock(args.work_dir, Path(args.out).name),
         f"--work-dir {args.work_dir} (training {Path(args.out).name})",
     )
-    return _train(args, train, recipe, evaluation, device, data)
 
 
 def check_init_from(init_from: Path, args: argparse.Namespace) -> None:
@@ -247,12 +282,17 @@ def _train(
     evaluation: EvalConfig,
     device,
     data: Path | None,
+    ranks: distributed.Ranks,
 ) -> int:
     from portable_spec.core.real_target import resolve_target, target_model_id
     from portable_spec.core.target import TargetModel
 
+    if ranks.main:
+        resolve_target(args.target)  # a known target is converted once, by rank 0
+    distributed.barrier(ranks)
     target_dir = resolve_target(args.target)
     target = TargetModel.load(target_dir, dtype=DTYPES[args.dtype], tokenizer=True)
+    shard_target(target, ranks, args.target_parallel)  # before the move: each rank's device takes its shards only
     target.model.to(device)
     tokenizer = target.tokenizer
     model_id = KNOWN_TARGETS[args.target].model_id if args.target in KNOWN_TARGETS else target_model_id(target_dir)
@@ -269,7 +309,11 @@ def _train(
         until=args.until,
         force=args.force,
         evaluation=evaluation,
+        ranks=ranks,
+        target_sharded=args.target_parallel == "fsdp" and ranks.distributed,
     )
+    if not ranks.main:
+        return 0
     if out is None:
         print(f"stopped after stage {args.until!r}; {args.work_dir} holds the data")
         return 0

@@ -42,6 +42,7 @@ KNOWN_TARGETS = {
         model_id="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
 }
+FIXTURE_TARGET = "fixture"  # the tiny trained Qwen3 shipped in the package (core/fixtures.py), for trying things out
 
 
 def cache_root() -> Path:
@@ -158,10 +159,14 @@ def resolve_target(name_or_dir: str) -> Path:
     """A known target name (converted on first use) or a local HF model directory."""
     if name_or_dir in KNOWN_TARGETS:
         return fetch_target(name_or_dir)
+    if name_or_dir == FIXTURE_TARGET:
+        from portable_spec.core.fixtures import target_dir
+
+        return target_dir()
     path = Path(name_or_dir)
     if not (path / "config.json").is_file():
         raise SpecError(
-            f"target {name_or_dir!r}: not a known target ({', '.join(KNOWN_TARGETS)}) and not a "
+            f"target {name_or_dir!r}: not a known target ({', '.join([*KNOWN_TARGETS, FIXTURE_TARGET])}) and not a "
             "directory with config.json; pass an HF model directory or a known name"
         )
     return path

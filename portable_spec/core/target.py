@@ -132,16 +132,20 @@ class TargetModel:
             output_hidden_states=layer_ids is not None,
             **{self._cache_kwarg: cache},
         )
-        features = None
-        if layer_ids is not None:
-            hidden = out.hidden_states
-            if max(layer_ids) + 2 >= len(hidden):
-                raise SpecError(
-                    f"target_layer_ids={layer_ids} reach past the target's {len(hidden) - 1} layers; "
-                    "use ids <= num_hidden_layers - 2 (the last hidden state is post-norm)"
-                )
-            features = torch.cat([hidden[i + 1] for i in layer_ids], dim=-1)
+        features = None if layer_ids is None else _layer_features(out.hidden_states, layer_ids)
         return out.logits, features
+
+    @torch.no_grad()
+    def features(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, layer_ids: list[int]
+    ) -> torch.Tensor:
+        """Features [B, n, len(layer_ids) * H] of a right-padded batch (valid [B, n]) from a fresh context: the
+        decoder stack only, no LM head and no cache (what training reads, cached or computed in the step)."""
+        mask = None if bool(valid.all()) else valid.to(torch.long)
+        out = self.model.base_model(
+            input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=False, output_hidden_states=True
+        )
+        return _layer_features(out.hidden_states, layer_ids)
 
 
 def drafter_config_for(
@@ -177,3 +181,13 @@ def drafter_config_for(
             "target": target.binding(model_id),
         }
     )
+
+
+def _layer_features(hidden: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
+    """The outputs of layers `layer_ids` side by side; hidden[0] is the embedding, hidden[-1] the post-norm output."""
+    if max(layer_ids) + 2 >= len(hidden):
+        raise SpecError(
+            f"target_layer_ids={layer_ids} reach past the target's {len(hidden) - 1} layers; "
+            "use ids <= num_hidden_layers - 2 (the last hidden state is post-norm)"
+        )
+    return torch.cat([hidden[i + 1] for i in layer_ids], dim=-1)

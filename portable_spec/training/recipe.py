@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -17,8 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from portable_spec.core.outputs import data_lock, locked, training_lock
 from portable_spec.core.spec import DrafterConfig, SpecError, read_json_object
 from portable_spec.core.target import TargetModel
+from portable_spec.training import distributed
+from portable_spec.training.batches import ReplyBatches
 from portable_spec.training.distill_data import Generator, ReplyConfig, generate_replies, load_sequences
+from portable_spec.training.distributed import SINGLE, Ranks
 from portable_spec.training.feature_cache import FeatureDataset, cache_features
+from portable_spec.training.feature_mode import FeatureMode, choose_features
 from portable_spec.training.heldout import HeldoutAcceptance, HeldoutTracker
 from portable_spec.training.prompts import chat_prompt_split, read_prompts, write_prompts
 from portable_spec.training.sharegpt import PromptTurns
@@ -101,6 +106,9 @@ class RecipeConfig(BaseModel):
     replies: ReplyConfig = Field(default_factory=ReplyConfig, description="Sampled replies beside the greedy one.")
     reply_batch_size: int = Field(64, ge=1, description="Prompts per generation call and per reply shard.")
     feature_batch_size: int = Field(4, ge=1, description="Sequences per target pass when caching features.")
+    features: FeatureMode = Field(
+        "auto", description="Target features cached on disk once, or computed online in each step; auto: by size."
+    )
     heldout_eval_prompts: int = Field(
         32, ge=0, description="Held-out prompts whose greedy replies measure acceptance while training; 0: none."
     )
@@ -225,27 +233,47 @@ def run_recipe(
     until: str = "train",
     force: bool = False,
     evaluation: EvalConfig | None = None,
+    ranks: Ranks = SINGLE,
+    target_sharded: bool = False,
 ) -> Path | None:
     """Every stage in order up to `until`; a rerun with the same work_dir skips what is done and resumes training.
     The checkpoint belongs to work_dir: a rerun replaces it, anything else at out_dir needs `force`. With held-out
-    prompts and `evaluation`, held-out acceptance is logged while training and the best drafter is the one written."""
+    prompts and `evaluation`, held-out acceptance is logged while training and the best drafter is the one written.
+    With several ranks, rank 0 prepares the prompts and holds the locks, replies and features are made in shares,
+    and every rank waits for each stage to be complete before the next; a target sharded over the ranks
+    (`target_sharded`) writes no replies and computes features in lockstep."""
     evaluation = evaluation or EvalConfig()
-    work_dir.mkdir(parents=True, exist_ok=True)
+    if ranks.main:
+        work_dir.mkdir(parents=True, exist_ok=True)
+        prepare_prompts(tokenizer, data_path, work_dir, recipe)
+    distributed.barrier(ranks)
     prompts = prepare_prompts(tokenizer, data_path, work_dir, recipe)
     if until == "prompts":
         return None
-    lock = lambda: locked(data_lock(work_dir), f"--work-dir {work_dir}")  # noqa: E731 - taken only for work to do
-    data_dir = _replies(target, target_dir, prompts, work_dir / "data", recipe, lock, recipe.replies)
-    heldout_dir = _heldout_replies(target, target_dir, work_dir, recipe, lock)
+    data_lock_held = lambda: locked(data_lock(work_dir), f"--work-dir {work_dir}")  # noqa: E731 - only for work to do
+    lock = data_lock_held if ranks.main else nullcontext
+    options = {"lock": lock, "ranks": ranks, "may_generate": not target_sharded}
+    data_dir = _replies(target, target_dir, prompts, work_dir / "data", recipe, replies=recipe.replies, **options)
+    heldout_dir = _heldout_replies(target, target_dir, work_dir, recipe, **options)
+    distributed.barrier(ranks)
     if until == "replies":
         return None
     config = build_config(target, tokenizer, recipe, model_id)
-    for directory in (data_dir, heldout_dir):
+    mode, reason = distributed.from_main(ranks, choose_features(recipe.features, target, config, data_dir, work_dir))
+    if ranks.main:
+        print(f"features: {mode} ({reason})", flush=True)
+    for directory in (data_dir, heldout_dir) if mode == "cached" else (heldout_dir,):
         if directory is not None:
-            cache_features(target, directory, config.target_layer_ids, recipe.feature_batch_size, lock=lock)
+            cache_features(
+                target, directory, config.target_layer_ids, recipe.feature_batch_size, lock, ranks, target_sharded
+            )
+    distributed.barrier(ranks)
     if until == "features":
         return None
-    dataset = FeatureDataset.load(data_dir, config.target_layer_ids, target.fingerprint).to(target.device)
+    if mode == "cached":
+        dataset = FeatureDataset.load(data_dir, config.target_layer_ids, target.fingerprint).to(target.device)
+    else:
+        dataset = FeatureDataset(load_sequences(data_dir), None).to(target.device)
     vocab = None
     if config.draft_vocab_size is not None:
         vocab = frequent_tokens(data_dir, config.draft_vocab_size, [tokenizer.eos_token_id])
@@ -255,20 +283,34 @@ def run_recipe(
             f"{data_dir}: no reply is longer than block_size={config.block_size}; "
             "raise max_new_tokens or lower block_size"
         )
-    log_file = work_dir / f"{out_dir.name}-loss.jsonl"
-
-    def draw(generator: torch.Generator):
-        picks = torch.randint(0, len(usable), (train.batch_size,), generator=generator).tolist()
-        return dataset.batch(
-            [usable[i] for i in picks], config.block_size, train.anchors_per_seq, train.seq_len, generator
+    online = mode == "online"
+    draw = ReplyBatches(
+        dataset,
+        usable,
+        train.batch_size,
+        config.block_size,
+        train.anchors_per_seq,
+        train.seq_len,
+        train.seed,
+        target if online else None,
+        config.target_layer_ids if online else None,
+    )
+    if ranks.main:
+        micro = train.batch_size // (ranks.world * train.grad_accum)
+        print(
+            f"training on {len(usable)} sequences: global batch {train.batch_size} = {micro} rows x {ranks.world} "
+            f"rank(s) x {train.grad_accum} accumulation; {train.steps} steps at most = "
+            f"{draw.passes(train.steps):.1f} passes over the data",
+            flush=True,
         )
+    log_file = work_dir / f"{out_dir.name}-loss.jsonl"
 
     def log(step: int, loss: float) -> None:
         with open(log_file, "a") as handle:
             handle.write(json.dumps({"step": step, "loss": round(loss, 5)}) + "\n")
 
     tracker = None
-    if heldout_dir is not None and evaluation.every is not None:
+    if heldout_dir is not None and evaluation.every is not None and ranks.main:
         evaluation.check_blocks(config.block_size)
         evaluate = HeldoutAcceptance.load(
             heldout_dir,
@@ -285,7 +327,8 @@ def run_recipe(
             work_dir / f"best-{out_dir.name}",
             evaluation.plateau,
         )
-    with locked(training_lock(work_dir, out_dir.name), f"--work-dir {work_dir} (training {out_dir.name})"):
+    what = f"--work-dir {work_dir} (training {out_dir.name})"
+    with locked(training_lock(work_dir, out_dir.name), what) if ranks.main else nullcontext():
         train_loop(
             target,
             config,
@@ -299,11 +342,14 @@ def run_recipe(
             out_owner=str(work_dir.resolve()),
             force=force,
             heldout=tracker,
+            ranks=ranks,
         )
     return out_dir
 
 
-def _heldout_replies(target: TargetModel, target_dir: Path, work_dir: Path, recipe: RecipeConfig, lock) -> Path | None:
+def _heldout_replies(
+    target: TargetModel, target_dir: Path, work_dir: Path, recipe: RecipeConfig, **options
+) -> Path | None:
     """Greedy replies to the first heldout_eval_prompts held-out prompts, in work_dir/heldout (the acceptance
     measured while training needs the target's greedy output, whatever the training replies are)."""
     heldout_file = work_dir / HELDOUT_PROMPTS
@@ -312,11 +358,12 @@ def _heldout_replies(target: TargetModel, target_dir: Path, work_dir: Path, reci
     prompts = [p["ids"] for p in read_prompts(heldout_file)][: recipe.heldout_eval_prompts]
     if not prompts:
         return None
-    return _replies(target, target_dir, prompts, work_dir / "heldout", recipe, lock)
+    return _replies(target, target_dir, prompts, work_dir / "heldout", recipe, **options)
 
 
-def _replies(target: TargetModel, target_dir: Path, prompts, out_dir: Path, recipe, lock, replies=None) -> Path:
-    """The target's replies to `prompts` in out_dir, with the recipe's generation settings (greedy unless `replies`)."""
+def _replies(target: TargetModel, target_dir: Path, prompts, out_dir: Path, recipe, replies=None, **options) -> Path:
+    """The target's replies to `prompts` in out_dir, with the recipe's generation settings (greedy unless `replies`);
+    `options`: generate_replies' lock, ranks and may_generate."""
     return generate_replies(
         target_dir,
         prompts,
@@ -326,6 +373,6 @@ def _replies(target: TargetModel, target_dir: Path, prompts, out_dir: Path, reci
         generator=recipe.generator,
         device=str(target.device),
         dtype=target.model.dtype,
-        lock=lock,
         replies=replies,
+        **options,
     )

@@ -1,7 +1,7 @@
 """Drafter distillation: random anchors per sequence, block slot predicting token anchor+i, loss weight
 exp(-(i-1)/gamma). The target is frozen; its features come from the layers the drafter config names.
 Training state (drafter + optimizer + step) is saved atomically, as safetensors + JSON, and resumes exactly:
-each step's batch is drawn from a generator seeded by (seed, step).
+step s trains on global batch s (batches.py), whatever the number of ranks (distributed.py) sharing it.
 """
 
 from __future__ import annotations
@@ -23,14 +23,23 @@ from portable_spec.core.drafter import Drafter, load_drafter
 from portable_spec.core.outputs import write_dir_atomically
 from portable_spec.core.spec import DrafterConfig, SpecError, read_config
 from portable_spec.core.target import TargetModel, drafter_config_for  # noqa: F401 - re-exported for callers
+from portable_spec.training import distributed
+from portable_spec.training.batches import step_generator
 from portable_spec.training.data import sample_windows
+from portable_spec.training.distributed import SINGLE, Ranks
+from portable_spec.training.sharding import Layout, ShardedDrafter
 
 
 class TrainConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     steps: int = Field(400, ge=1, description="Optimizer steps.")
-    batch_size: int = Field(8, ge=1, description="Sequences per step.")
+    batch_size: int = Field(
+        8, ge=1, description="Sequences per optimizer step: the global batch, whatever the number of ranks."
+    )
+    grad_accum: int = Field(
+        1, ge=1, description="Micro-batches per step on each rank (batch-size = rows x ranks x grad-accum)."
+    )
     seq_len: int = Field(256, ge=8, description="Tokens per sequence.")
     anchors_per_seq: int = Field(16, ge=1, description="Blocks drafted per sequence per step.")
     lr: float = Field(2e-3, gt=0, description="Peak learning rate (linear warmup, cosine decay).")
@@ -47,6 +56,9 @@ class TrainConfig(BaseModel):
     )
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="auto: bf16 autocast on CUDA (fp32 master weights), fp32 elsewhere."
+    )
+    drafter_parallel: Layout = Field(
+        "ddp", description="With several ranks: the drafter whole on each (ddp) or sharded over them (fsdp, FSDP2)."
     )
     init_from: str | None = Field(
         None,
@@ -101,17 +113,16 @@ def target_to_draft(drafter: Drafter, target_ids: torch.Tensor) -> torch.Tensor:
 
 
 def stream_batches(target: TargetModel, stream: torch.Tensor, config: "TrainConfig", layer_ids: list[int], k: int):
-    """Batches for training on a raw token stream: random windows, features from the frozen target each step."""
+    """draw(step, rows) for training on a raw token stream: global batch `step` is random windows and anchors from
+    the step's generator; the frozen target computes the features of the rows asked."""
 
-    def draw(generator: torch.Generator):
-        tokens = sample_windows(stream, config.seq_len, config.batch_size, generator).to(target.device)
-        scores = torch.rand(config.batch_size, config.seq_len - k, generator=generator)
+    def draw(step: int, rows: slice = slice(None)):
+        generator = step_generator(config.seed, step)
+        tokens = sample_windows(stream, config.seq_len, config.batch_size, generator)[rows].to(target.device)
+        scores = torch.rand(config.batch_size, config.seq_len - k, generator=generator)[rows]
         anchors = (1 + scores.argsort(dim=1)[:, : config.anchors_per_seq]).to(target.device)  # distinct, [1, T - k]
-        positions = torch.arange(config.seq_len, device=target.device).expand(config.batch_size, -1)
-        with torch.no_grad():
-            _, features = target.forward(
-                tokens, positions, torch.ones_like(tokens, dtype=torch.bool), target.new_cache(), layer_ids
-            )
+        positions = torch.arange(config.seq_len, device=target.device).expand(len(tokens), -1)
+        features = target.features(tokens, positions, torch.ones_like(tokens, dtype=torch.bool), layer_ids)
         return tokens, features, anchors
 
     return draw
@@ -146,14 +157,13 @@ def check_shapes(block_size: int, config: TrainConfig) -> None:
         )
 
 
-# a resumed run may train longer (in steps or seconds) or save more often; nothing else
-RESUMABLE_CHANGES = ("steps", "save_every", "time_budget")
+# a resumed run may train longer (in steps or seconds), save more often, or split and lay out the same global batch
+# and drafter otherwise
+RESUMABLE_CHANGES = ("steps", "save_every", "time_budget", "grad_accum", "drafter_parallel")
 
 
-def _save_state(
-    state_dir: Path, drafter: Drafter, optimizer: torch.optim.Optimizer, step: int, config: TrainConfig, elapsed: float
-) -> None:
-    state = optimizer.state_dict()
+def _save_state(state_dir: Path, drafter: Drafter, state: dict, step: int, config: TrainConfig, elapsed: float) -> None:
+    """The whole drafter and its optimizer state (one-process layout, sharding.ShardedDrafter.optimizer_state)."""
     tensors = {f"state.{i}.{name}": value for i, entry in state["state"].items() for name, value in entry.items()}
 
     def write(tmp: Path) -> None:
@@ -182,10 +192,11 @@ def _differences(saved: dict, asked: dict, ignore: tuple[str, ...] = ()) -> list
 
 
 def _load_state(
-    state_dir: Path, target: TargetModel, optimizer_for, drafter_config: DrafterConfig, config: TrainConfig
-) -> tuple[Drafter, torch.optim.Optimizer, int, float]:
-    """Resume only the run that was asked for: the saved drafter and training configs must match (steps and
-    save_every may change), else a field-by-field diff; a corrupt state file is refused by name."""
+    state_dir: Path, target: TargetModel, drafter_config: DrafterConfig, config: TrainConfig
+) -> tuple[Drafter, dict, int, float]:
+    """Resume only the run that was asked for: the saved drafter and training configs must match (RESUMABLE_CHANGES
+    may change), else a field-by-field diff; a corrupt state file is refused by name. Returns the drafter, the
+    optimizer state (one-process layout), the step and the seconds trained."""
     meta_file = state_dir / "trainer_state.json"
     try:
         meta = json.loads(meta_file.read_text())
@@ -205,13 +216,11 @@ def _load_state(
             f"use another --work-dir, delete {state_dir} to start over, or ask for the saved settings"
         )
     drafter = target.bind(load_drafter(state_dir / "drafter")).to(target.device)
-    optimizer = optimizer_for(drafter)
     state: dict = {}
     for key, value in load_file(str(state_dir / "optimizer.safetensors")).items():
         _, index, name = key.split(".", 2)
         state.setdefault(int(index), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": groups})  # moves the state to the drafter's device
-    return drafter, optimizer, step, elapsed
+    return drafter, {"state": state, "param_groups": groups}, step, elapsed
 
 
 def train_drafter(
@@ -269,6 +278,17 @@ def warm_start(target: TargetModel, drafter_config: DrafterConfig, init_from: Pa
     return drafter.to(target.device)
 
 
+class DrafterLoss(torch.nn.Module):
+    """The drafter's training loss as a module's forward, which DistributedDataParallel needs to sync gradients."""
+
+    def __init__(self, drafter: Drafter, gamma: float) -> None:
+        super().__init__()
+        self.drafter, self.gamma = drafter, gamma
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+        return drafter_loss(self.drafter, features, tokens, anchors, self.gamma)
+
+
 def train_loop(
     target: TargetModel,
     drafter_config: DrafterConfig,
@@ -282,73 +302,123 @@ def train_loop(
     out_owner: str | None = None,
     force: bool = False,
     heldout=None,
+    ranks: Ranks = SINGLE,
 ) -> Drafter:
-    """Optimise a drafter on batches `draw(generator) -> (tokens, features, anchors)` (on the target's device); the
-    generator is seeded by (seed, step), so resuming from state_dir (saved every save_every steps) repeats the
-    uninterrupted run. The checkpoint records `out_owner` (the work directory) and replaces only a checkpoint of the
-    same owner unless `force` (outputs.check_output_dir). With `heldout` (heldout.HeldoutTracker), held-out
-    acceptance is measured at the start, every `heldout.every` seconds and at the end, and the checkpoint written is
-    the best drafter it saw."""
+    """Optimise a drafter on batches `draw(step, rows) -> (tokens, features, anchors)` (rows of global batch
+    `step`, on the target's device), so resuming from state_dir (saved every save_every steps) repeats the
+    uninterrupted run. With several `ranks` (torch.distributed started), each trains on its rows of every global
+    batch in DDP, and only rank 0 logs, evaluates and writes. The checkpoint records `out_owner` (the work
+    directory) and replaces only a checkpoint of the same owner unless `force` (outputs.check_output_dir). With
+    `heldout` (heldout.HeldoutTracker, rank 0's), held-out acceptance is measured at the start, every
+    `heldout.every` seconds and at the end, and the checkpoint written is the best drafter it saw."""
     check_shapes(drafter_config.block_size, config)
+    distributed.check_batch(ranks, config.batch_size, config.grad_accum)
     for param in target.model.parameters():
         param.requires_grad_(False)
-
-    def optimizer_for(drafter: Drafter) -> torch.optim.Optimizer:
-        return torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
-
     device = target.device
+    optimizer_state = None
     if state_dir is not None and (Path(state_dir) / "trainer_state.json").exists():
-        drafter, optimizer, start, elapsed = _load_state(Path(state_dir), target, optimizer_for, drafter_config, config)
+        drafter, optimizer_state, start, elapsed = _load_state(Path(state_dir), target, drafter_config, config)
     else:
         if config.init_from is not None:
             drafter = warm_start(target, drafter_config, Path(config.init_from))
         else:
             drafter = initial_drafter(target, drafter_config, config.seed, draft_vocab)
         start, elapsed = 0, 0.0
-        optimizer = optimizer_for(drafter)
-    if heldout is not None:
-        if start == 0:
-            heldout.reset()
-            heldout.record(drafter, 0, 0.0)  # where training starts from (a warm start's own tau)
-        else:
-            heldout.last_seconds = elapsed
     drafter.train()
+    trainee = ShardedDrafter(drafter, DrafterLoss(drafter, config.loss_gamma), ranks, device, config.drafter_parallel)
+    optimizer = torch.optim.AdamW(trainee.optimizer_params(), lr=config.lr, weight_decay=0.0)
+    if optimizer_state is not None:
+        trainee.load_optimizer_state(optimizer, optimizer_state)
+    heldout = heldout if ranks.main else None
+    evaluating = distributed.from_main(ranks, heldout is not None)  # every rank takes part under fsdp
+    if heldout is not None and start:
+        heldout.last_seconds = elapsed
+    elif heldout is not None:
+        heldout.reset()
+    if evaluating and start == 0:
+        _evaluate(trainee, heldout, 0, 0.0)  # where training starts from (a warm start's own tau)
+
+    def save(step: int, seconds: float) -> None:
+        whole, state = trainee.whole_drafter(), trainee.optimizer_state(optimizer)  # collectives under fsdp
+        if ranks.main:
+            _save_state(Path(state_dir), whole, state, step, config, seconds)
+
     bar = tqdm(
-        range(start, config.steps), initial=start, total=config.steps, disable=not progress, desc=drafter_config.kind
+        range(start, config.steps),
+        initial=start,
+        total=config.steps,
+        disable=not (progress and ranks.main),
+        desc=drafter_config.kind,
     )
     clock = time.perf_counter() - elapsed  # elapsed seconds carry over a resume
-    done = start
-    for step in bar:
-        elapsed = time.perf_counter() - clock
-        if config.time_budget is not None and elapsed >= config.time_budget:
-            break
-        generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
-        tokens, features, anchors = draw(generator)
-        for group in optimizer.param_groups:
-            group["lr"] = _lr_at(step, config, elapsed)
-        with autocast_for(config.precision, device):
-            loss = drafter_loss(drafter, features, tokens, anchors, config.loss_gamma)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        optimizer.step()
-        loss_value = loss.item()
-        bar.set_postfix(loss=f"{loss_value:.3f}")
-        if log is not None:
-            log(step + 1, loss_value)
-        done = step + 1
-        if state_dir is not None and done % config.save_every == 0:
-            _save_state(Path(state_dir), drafter, optimizer, done, config, time.perf_counter() - clock)
-        seconds = time.perf_counter() - clock
-        if heldout is not None and heldout.due(seconds) and heldout.record(drafter, done, seconds):
-            break  # no held-out gain for heldout.plateau evaluations
-    bar.close()
-    if state_dir is not None and done > start and done % config.save_every:  # where a longer run resumes
-        _save_state(Path(state_dir), drafter, optimizer, done, config, time.perf_counter() - clock)
+    done, saved, stop = start, start, False  # saved: the step of the training state on disk
+    try:
+        with distributed.peers_watched(ranks):
+            for step in bar:
+                seconds = time.perf_counter() - clock
+                due = heldout is not None and heldout.last_step != done and heldout.due(seconds)
+                elapsed, due = distributed.agree(ranks, device, seconds, due)
+                if due:  # rank 0 decides a plateau stop for every rank
+                    stop = distributed.from_main(ranks, _evaluate(trainee, heldout, done, elapsed))
+                if stop or (config.time_budget is not None and elapsed >= config.time_budget):
+                    break
+                for group in optimizer.param_groups:
+                    group["lr"] = _lr_at(step, config, elapsed)
+                loss = _step(trainee, draw, step, config, ranks, device)
+                torch.nn.utils.clip_grad_norm_(trainee.optimizer_params(), 1.0)
+                optimizer.step()
+                loss_value = distributed.mean(ranks, loss)
+                bar.set_postfix(loss=f"{loss_value:.3f}")
+                if log is not None and ranks.main:
+                    log(step + 1, loss_value)
+                done = step + 1
+                if state_dir is not None and done % config.save_every == 0:
+                    save(done, time.perf_counter() - clock)
+                    saved = done
+            if state_dir is not None and done > saved:  # where a longer run resumes
+                save(done, time.perf_counter() - clock)
+            if evaluating and distributed.from_main(ranks, heldout is not None and heldout.last_step != done):
+                _evaluate(trainee, heldout, done, time.perf_counter() - clock)
+            whole = trainee.whole_drafter()
+    except distributed.RankStopped as error:
+        if state_dir is None or not saved:
+            raise distributed.RankStopped(f"{error}; no training state was saved yet") from None
+        raise distributed.RankStopped(
+            f"{error}; the training state of step {saved} in {state_dir} is intact: rerun to resume it, at any "
+            "world size"
+        ) from None
+    finally:
+        bar.close()
+    if ranks.main:
+        whole.eval()
+        if heldout is not None:
+            heldout.load_best(whole)
+        whole.save(out_dir, force=force, owner=out_owner)
+    distributed.barrier(ranks)  # every rank returns once the checkpoint is written
     drafter.eval()
-    if heldout is not None:
-        if heldout.last_step != done:
-            heldout.record(drafter, done, time.perf_counter() - clock)
-        heldout.load_best(drafter)
-    drafter.save(out_dir, force=force, owner=out_owner)
-    return drafter
+    return whole if ranks.main else drafter
+
+
+def _evaluate(trainee: ShardedDrafter, heldout, step: int, seconds: float) -> bool:
+    """Held-out acceptance of the drafter now, on rank 0 (every rank calls this: the weights are gathered under
+    fsdp). True when rank 0's tracker asks to stop (a plateau)."""
+    whole = trainee.whole_drafter()
+    return heldout is not None and heldout.record(whole, step, seconds)
+
+
+def _step(trainee: ShardedDrafter, draw, step: int, config: TrainConfig, ranks: Ranks, device) -> torch.Tensor:
+    """One optimizer step's gradients: this rank's grad_accum micro-batches of global batch `step`, each loss
+    scaled so the gradient (averaged over ranks by DDP or FSDP) is the global batch's mean loss gradient. Returns
+    this rank's mean micro-batch loss."""
+    trainee.model.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=device)
+    for micro in range(config.grad_accum):
+        tokens, features, anchors = draw(step, ranks.micro_rows(config.batch_size, config.grad_accum, micro))
+        last = micro == config.grad_accum - 1
+        with contextlib.nullcontext() if last else trainee.no_sync():
+            with autocast_for(config.precision, device):
+                loss = trainee.model(features, tokens, anchors) / config.grad_accum
+            loss.backward()
+        total += loss.detach().float()
+    return total

@@ -1,0 +1,237 @@
+"""Training on several processes with torch.distributed, as torchrun starts them.
+
+torchrun (one node or many, through its rendezvous) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT;
+a process without them is world 1 and never touches torch.distributed. The drafter trains in DDP (NCCL on CUDA,
+gloo on CPUs); every rank computes the same global batch plan and takes its own rows of it (batches.py), so one
+seed gives the same run at any world size, and a run resumes at another one. Rank 0 is the only writer of the
+checkpoint, the training state and the curves; the work directory must be one filesystem every rank sees.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+from portable_spec.core.spec import SpecError
+
+T = TypeVar("T")
+
+# a rank waits this long at a collective for the others (reply generation on one rank may run long before the
+# next barrier); a rank that dies ends the others at once under torchrun, which stops the run
+COLLECTIVE_TIMEOUT = timedelta(hours=2)
+_met = False  # this process joined a process group (error lines then name the rank)
+
+
+class RankStopped(Exception):
+    """This rank stopped because another one failed (torchrun ended it, or a collective lost its peers); the error
+    line names this rank (error_prefix)."""
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the run: rank of world; local_rank picks its GPU on a node."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one that writes."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+    def share(self, items: Sequence[T]) -> list[T]:
+        """This rank's share of a work list (item i goes to rank i mod world): each item done once across ranks."""
+        return list(items[self.rank :: self.world])
+
+    def micro_rows(self, batch_size: int, grad_accum: int, micro_step: int) -> slice:
+        """The rows of a global batch this rank trains on in one micro-step (batch = rows x world x grad_accum)."""
+        rows = batch_size // (self.world * grad_accum)
+        start = (micro_step * self.world + self.rank) * rows
+        return slice(start, start + rows)
+
+    def describe(self) -> str:
+        return f"rank {self.rank} of {self.world}"
+
+
+SINGLE = Ranks()
+
+
+def from_environment(environ=os.environ) -> Ranks:
+    """The ranks torchrun set in the environment; world 1 when it did not (a plain process)."""
+    if "WORLD_SIZE" not in environ:
+        return SINGLE
+    try:
+        ranks = Ranks(int(environ["RANK"]), int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_RANK", 0)))
+    except (KeyError, ValueError) as error:
+        raise SpecError(
+            f"WORLD_SIZE is set but RANK / LOCAL_RANK are not integers ({error}); start several processes with "
+            "torchrun, or unset WORLD_SIZE for one"
+        ) from None
+    if not 0 <= ranks.rank < ranks.world:
+        raise SpecError(f"RANK={ranks.rank} is outside WORLD_SIZE={ranks.world}; start the processes with torchrun")
+    return ranks
+
+
+def check_batch(ranks: Ranks, batch_size: int, grad_accum: int) -> None:
+    """The global batch splits evenly into world x grad_accum micro-batches (so it is the same at any world size)."""
+    parts = ranks.world * grad_accum
+    if batch_size % parts:
+        raise SpecError(
+            f"--batch-size {batch_size} (the global batch) does not split into {ranks.world} ranks x "
+            f"--grad-accum {grad_accum} = {parts} equal micro-batches; use a multiple of {parts}"
+        )
+
+
+def rank_device(device: torch.device, ranks: Ranks) -> torch.device:
+    """Each rank's device: with several ranks, `cuda` means this node's GPU number local_rank."""
+    if not ranks.distributed or device.type != "cuda":
+        return device
+    if device.index is not None:
+        raise SpecError(
+            f"--device {device}: with {ranks.world} ranks each one takes GPU LOCAL_RANK; pass --device cuda "
+            "(and pick GPUs with CUDA_VISIBLE_DEVICES)"
+        )
+    return torch.device("cuda", ranks.local_rank)
+
+
+def start(ranks: Ranks, device: torch.device) -> None:
+    """Join the process group (NCCL on CUDA, gloo otherwise). torchrun ends the surviving ranks with SIGTERM when
+    one fails: that becomes RankStopped, so the run ends with one line and nothing half-written."""
+    global _met
+    if not ranks.distributed or dist.is_initialized():
+        return
+    _met = True
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    options = {"device_id": device} if device.type == "cuda" else {}
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # FSDP2 puts its shards on the current device
+    dist.init_process_group(backend, rank=ranks.rank, world_size=ranks.world, timeout=COLLECTIVE_TIMEOUT, **options)
+
+    def stopped(signum, frame):
+        raise RankStopped(f"stopped by torchrun (signal {signum}) because another rank failed")
+
+    signal.signal(signal.SIGTERM, stopped)
+
+
+def finish() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# what gloo and NCCL say when a peer process is gone (they raise plain RuntimeErrors from DDP's backward)
+PEER_LOST = re.compile(
+    r"Connection (?:reset|closed|refused)(?: by peer)?|Broken pipe|NCCL communicator was aborted|Timed out"
+)
+
+
+@contextmanager
+def peers_watched(ranks: Ranks) -> Iterator[None]:
+    """A collective inside (a barrier, DDP's all-reduce in backward) failing because a peer is gone ends this rank
+    with one RankStopped naming it; any other error passes unchanged."""
+    try:
+        yield
+    except RuntimeError as error:  # dist.DistError is one
+        found = PEER_LOST.search(str(error))
+        if not ranks.distributed or (found is None and not isinstance(error, dist.DistError)):
+            raise
+        reason = found.group(0) if found else str(error).splitlines()[0]
+        raise RankStopped(f"another rank left the run ({reason}; torchrun's report names it)") from None
+
+
+def _collective(ranks: Ranks, run):
+    with peers_watched(ranks):
+        return run()
+
+
+class MainFailed(Exception):
+    """Rank 0 refused the run (its own error line says why); the other ranks end without one."""
+
+
+def checked_by_main(ranks: Ranks, check) -> None:
+    """Run `check()` on rank 0 only (checks of what the run writes: the other ranks would see rank 0's locks);
+    its refusal ends every rank, rank 0 with the error, the others with MainFailed."""
+    if not ranks.distributed:
+        check()
+        return
+    failure = None
+    if ranks.main:
+        try:
+            check()
+        except Exception as error:  # noqa: BLE001 - re-raised on rank 0 once the others know
+            failure = error
+    if from_main(ranks, None if failure is None else str(failure)) is not None:
+        if failure is not None:
+            raise failure
+        raise MainFailed()
+
+
+def error_prefix() -> str | None:
+    """How this process prefixes its error line: "" in one process (and on rank 0 before the ranks have met:
+    argument checks fail alike everywhere), "rank R of W: " once they have, None to stay silent (MainFailed, or
+    a rank other than 0 before the ranks have met)."""
+    try:
+        ranks = from_environment()
+    except SpecError:
+        return ""
+    if not ranks.distributed:
+        return ""
+    if not _met:
+        return "" if ranks.main else None
+    return f"{ranks.describe()}: "
+
+
+def barrier(ranks: Ranks) -> None:
+    if ranks.distributed:
+        _collective(ranks, dist.barrier)
+
+
+def from_main(ranks: Ranks, value: T) -> T:
+    """Rank 0's `value` on every rank (any picklable object; what rank 0 decided or found)."""
+    if not ranks.distributed:
+        return value
+    box = [value]
+    _collective(ranks, lambda: dist.broadcast_object_list(box, src=0))
+    return box[0]
+
+
+def agree(ranks: Ranks, device: torch.device, seconds: float, *flags: bool) -> tuple:
+    """(the longest elapsed time, then each flag true on any rank): every rank then takes the same learning rate
+    and the same decisions at the same step."""
+    if not ranks.distributed:
+        return (seconds, *flags)
+    values = torch.tensor([seconds, *map(float, flags)], dtype=torch.float64, device=device)
+    _collective(ranks, lambda: dist.all_reduce(values, op=dist.ReduceOp.MAX))
+    return (float(values[0]), *(bool(v) for v in values[1:]))
+
+
+def mean(ranks: Ranks, value: torch.Tensor) -> float:
+    """The mean of a scalar over ranks (the step's loss over the global batch)."""
+    if not ranks.distributed:
+        return float(value)
+    value = value.detach().to(torch.float64).reshape(1).clone()
+    _collective(ranks, lambda: dist.all_reduce(value, op=dist.ReduceOp.SUM))
+    return float(value) / ranks.world
+
+
+def data_parallel(module: torch.nn.Module, ranks: Ranks, device: torch.device) -> torch.nn.Module:
+    """`module` in DistributedDataParallel (gradients averaged over ranks in backward), or itself for one rank."""
+    if not ranks.distributed:
+        return module
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=ids)
