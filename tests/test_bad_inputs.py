@@ -51,6 +51,20 @@ def _api_prompt_tensor(paths, target):
     SpeculativeDecoder(target).generate(torch.tensor([[1, 2]]), GenerationConfig(max_new_tokens=2))
 
 
+def _api_prompt_text(paths, target):
+    SpeculativeDecoder(target).generate(["def main():"], GenerationConfig(max_new_tokens=2))
+
+
+def _api_prompt_tensors(paths, target):
+    SpeculativeDecoder(target).generate([torch.tensor([1, 2])], GenerationConfig(max_new_tokens=2))
+
+
+def _api_prompt_array(paths, target):
+    import numpy as np
+
+    SpeculativeDecoder(target).generate(np.array([[1, 2]]), GenerationConfig(max_new_tokens=2))
+
+
 def _api_stop_outside_vocab(paths, target):
     SpeculativeDecoder(target).generate([[1, 2]], GenerationConfig(max_new_tokens=2, stop_token_ids=(10**9,)))
 
@@ -347,6 +361,21 @@ CASES = [
         expect=r"seq_len=16 leaves 0 anchor positions for block_size=16",
     ),
     Case("train --lr 0", TRAIN + ("--lr", "0"), expect=r"lr=0\.0"),
+    Case(
+        "train --target-layer-ids 9  (past the target; refused before any data stage)",
+        TRAIN + ("--target-layer-ids", "9"),
+        expect=r"target_layer_ids=\[9\] must lie in \[0, 2\]",
+    ),
+    Case(
+        "train --mask-token-id 99999  (outside the vocabulary)",
+        TRAIN + ("--mask-token-id", "99999"),
+        expect=r"mask_token_id=99999 is outside the vocabulary",
+    ),
+    Case(
+        "train --intermediate-size 10**12",
+        TRAIN + ("--intermediate-size", str(10**12)),
+        expect=r"training needs [\d,]+ GiB for its weights, gradients and optimizer, more than cpu's",
+    ),
     Case("train --data MISSING_FILE", TRAIN[:-1] + ("{missing}",), expect=r"--data .*missing: not a file"),
     Case(
         "train --num-prompts 0",
@@ -357,6 +386,11 @@ CASES = [
         "generate NON_UTF8_PROMPT",
         ("generate", "caf\udce9", "--target", "{target}"),
         expect=r"prompt: not valid UTF-8 text",
+    ),
+    Case(
+        "bench decode --drafter a=D1 --drafter a=D2  (one row name twice)",
+        ("bench", "decode", "--target", "fixture", "--drafter", "a={dc}", "--drafter", "a={par}"),
+        expect=r"the row name 'a' is already --drafter 'a=.*'; give each row its own NAME",
     ),
     Case(
         "bench decode --block-sizes 100",
@@ -442,6 +476,21 @@ CASES = [
     # -- API ------------------------------------------------------------------------------------------------------
     Case("SpeculativeDecoder.generate([[1, 3.7]], ...)", api=_api_prompt_float, expect=r"prompts\[0\] holds 3\.7"),
     Case(
+        'SpeculativeDecoder.generate(["def main():"], ...)  (text, not ids)',
+        api=_api_prompt_text,
+        expect=r"prompts\[0\] is a str, not a list of token ids \(text: tokenize it",
+    ),
+    Case(
+        "SpeculativeDecoder.generate([torch.tensor([1, 2])], ...)",
+        api=_api_prompt_tensors,
+        expect=r"prompts\[0\] is a Tensor, not a list of token ids \(a tensor or array: pass prompt\.tolist\(\)\)",
+    ),
+    Case(
+        "SpeculativeDecoder.generate(np.array([[1, 2]]), ...)",
+        api=_api_prompt_array,
+        expect=r"prompts is a ndarray; pass a list of token-id lists \(a tensor or array: prompts\.tolist\(\)\)",
+    ),
+    Case(
         "SpeculativeDecoder.generate(torch.tensor([[1, 2]]), ...)",
         api=_api_prompt_tensor,
         expect=r"prompts is a Tensor; pass a list of token-id lists",
@@ -516,6 +565,14 @@ CASES = [
             ("par", "a portable checkpoint", r"already a portable-spec checkpoint"),
             ("up_nan", "NaN weights", r"non-finite values \(NaN or inf\) in \['fc\.weight'\]"),
             ("up_float_d2t", "a fractional d2t", r"d2t holds non-integer offsets"),
+            ("up_inf_rope", "rope_theta Infinity", r"rope_theta=inf"),
+            ("up_typed", "rope_parameters a string", r"rope_parameters = \"yarn\" must be an object"),
+            ("up_not_neox", "is_neox_style false", r"is_neox_style = false has no portable equivalent"),
+            (
+                "up_implicit_sliding",
+                "use_sliding_window true and no layer_types",
+                r"use_sliding_window = true has no portable equivalent",
+            ),
         )
     ),
     Case(
@@ -612,7 +669,7 @@ def built(tmp_path_factory) -> dict[str, Path]:
     paths["parent"] = parent
     trained = _copy_drafter(dc, root / "trained_drafter")
     write_marker(trained, "drafter", owner=str(root / "some-run" / "work"))  # what train writes: its work dir owns it
-    paths["trained_drafter"] = trained
+    paths["trained_drafter"], paths["its_work_dir"] = trained, root / "some-run" / "work"
     bad_d2t = _copy_drafter(dc, root / "bad_d2t_drafter")  # a 64-id draft vocabulary whose d2t leaves the vocabulary
     config = json.loads((bad_d2t / "config.json").read_text())
     (bad_d2t / "config.json").write_text(json.dumps({**config, "draft_vocab_size": 64}))
@@ -717,9 +774,15 @@ def _upstream_inputs(root: Path, parallel: Path) -> dict[str, Path]:
             lambda w: {k: v for k, v in w.items() if k != "layers.1.mlp.up_proj.weight"}
         ),
         "up_nan": weights_change(lambda w: {**w, "fc.weight": w["fc.weight"] * float("nan")}),
-        "up_float_d2t": lambda d: (
-            config_change(draft_vocab_size=64)(d),
-            save_file({**weights, "d2t": torch.full((64,), 0.5)}, d / "model.safetensors", metadata={"format": "pt"}),
+        "up_float_d2t": weights_change(lambda w: {**w, "d2t": torch.full((64,), 0.5)}),
+        "up_inf_rope": config_change(rope_theta=float("inf")),
+        "up_typed": config_change(rope_parameters="yarn"),
+        "up_not_neox": config_change(is_neox_style=False),
+        "up_implicit_sliding": lambda d: (
+            config_change(use_sliding_window=True, sliding_window=64)(d),
+            (d / "config.json").write_text(
+                json.dumps({k: v for k, v in json.loads((d / "config.json").read_text()).items() if k != "layer_types"})
+            ),
         ),
     }
     speculators = {

@@ -102,3 +102,37 @@ def test_a_head_that_is_not_the_targets_is_refused(tmp_path):
     with pytest.raises(SpecError, match=r"lm_head\.weight \(512, 256\) is not the target's rows at the draft ids"):
         import_drafter(out, TARGET, tmp_path / "back")
     assert not (tmp_path / "back").exists()
+
+
+def _key_paths(obj: dict, prefix: tuple = ()):
+    for key, value in obj.items():
+        yield (*prefix, key)
+        if isinstance(value, dict):
+            yield from _key_paths(value, (*prefix, key))
+
+
+@pytest.mark.parametrize("layout", UPSTREAM_LAYOUTS)
+def test_every_wrongly_typed_config_key_is_named(layout, tmp_path):
+    """Each key the reader uses, set to a value of another JSON type, is refused naming the key (never an
+    AttributeError or TypeError from deep inside the reader)."""
+    from portable_spec.adapters.upstream.layouts import KEY_TYPES
+
+    upstream = write_portable_as_upstream(layout, tmp_path / layout, PARALLEL)
+    config = json.loads((upstream / "config.json").read_text())
+    tried = 0
+    for path in list(_key_paths(config)):
+        if path[-1] not in KEY_TYPES:
+            continue
+        for wrong in ("x", [1], {"a": 1}, 1.5, True):
+            if KEY_TYPES[path[-1]][0](wrong):
+                continue  # a value of the right type
+            changed = json.loads(json.dumps(config))
+            node = changed
+            for key in path[:-1]:
+                node = node[key]
+            node[path[-1]] = wrong
+            (upstream / "config.json").write_text(json.dumps(changed))
+            with pytest.raises(SpecError, match=rf"{'.'.join(path)} = .* must be"):
+                read_upstream(upstream)
+            tried += 1
+    assert tried >= 40

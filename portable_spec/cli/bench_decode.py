@@ -139,10 +139,17 @@ def _check_args(args: argparse.Namespace) -> None:
     if args.out is not None:
         claim_output_dir(args.out, "bench", BENCH_FILES, force=args.force)
     check_device(args.device)
+    seen: dict[str, str] = {}
     for spec in args.drafter or []:
         name, _, path = spec.partition("=")
         if not name or not path or not Path(path).is_dir():
             raise SpecError(f"--drafter {spec!r}: give NAME=DIR with DIR a drafter checkpoint directory")
+        if name in seen:
+            raise SpecError(
+                f"--drafter {spec!r}: the row name {name!r} is already --drafter {seen[name]!r}; give each row its "
+                "own NAME"
+            )
+        seen[name] = spec
 
 
 def _check_block_sizes(args: argparse.Namespace) -> None:

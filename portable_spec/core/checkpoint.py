@@ -14,6 +14,29 @@ from portable_spec.core.spec import DrafterConfig, SpecError, read_config
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INDEX_WEIGHTS = {"d2t": torch.int64}  # the draft vocabulary's offsets; every other tensor is a float weight
+
+
+def check_weight_values(source: str, weights: dict[str, torch.Tensor]) -> None:
+    """Every float weight finite and in a float dtype the loaders handle; index tensors in their integer dtype.
+    Checked wherever a checkpoint is read or imported, so a broken drafter is refused by name before it drafts."""
+    wrong = [
+        f"{name} ({t.dtype})"
+        for name, t in weights.items()
+        if t.dtype != INDEX_WEIGHTS.get(name, t.dtype) or (name not in INDEX_WEIGHTS and t.dtype not in FLOAT_DTYPES)
+    ]
+    if wrong:
+        raise SpecError(
+            f"{source}: unexpected dtypes {wrong[:4]}; weights are float32/bfloat16/float16 and d2t int64: "
+            "re-save the checkpoint with portable-spec"
+        )
+    broken = [name for name, t in weights.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if broken:
+        raise SpecError(
+            f"{source}: non-finite values (NaN or inf) in {broken[:4]}; the drafter would draft garbage "
+            "(verification would stay lossless, acceptance would collapse): retrain or restore it"
+        )
 
 
 def save_drafter(
@@ -38,7 +61,8 @@ def write_drafter_files(directory: Path, config: DrafterConfig, state_dict: dict
 
 
 def load_drafter_files(ckpt_dir: Path) -> tuple[DrafterConfig, dict[str, torch.Tensor]]:
-    """Validated config and raw drafter weights (safetensors only: loading never runs pickled code)."""
+    """Validated config and raw drafter weights (safetensors only: loading never runs pickled code; dtypes and
+    finite values checked, check_weight_values)."""
     ckpt_dir = Path(ckpt_dir)
     config = read_config(ckpt_dir)
     weights_path = ckpt_dir / WEIGHTS_FILE
@@ -48,9 +72,11 @@ def load_drafter_files(ckpt_dir: Path) -> tuple[DrafterConfig, dict[str, torch.T
             f"{weights_path}: {what}; a drafter checkpoint needs the file {WEIGHTS_FILE} beside config.json"
         )
     try:
-        return config, load_file(str(weights_path))
+        weights = load_file(str(weights_path))
     except (SafetensorError, OSError, ValueError) as error:
         raise SpecError(
             f"{weights_path}: not a readable safetensors file ({error}); it is truncated, corrupt or "
             "another format (pickles are never loaded): re-save the checkpoint with portable-spec"
         ) from None
+    check_weight_values(str(ckpt_dir), weights)
+    return config, weights

@@ -157,10 +157,17 @@ class SpeculativeDecoder:
         self.layer_ids = self.proposer.config.target_layer_ids if self.proposer is not None else None
 
     def _check_prompts(self, prompts: list[list[int]], config: GenerationConfig) -> None:
-        if not isinstance(prompts, (list, tuple)) or any(not isinstance(p, (list, tuple)) for p in prompts):
-            raise SpecError(
-                f"prompts is a {type(prompts).__name__}; pass a list of token-id lists (a tensor: prompts.tolist())"
-            )
+        if not isinstance(prompts, (list, tuple)):
+            hint = "tokenize the text first" if isinstance(prompts, str) else "a tensor or array: prompts.tolist()"
+            raise SpecError(f"prompts is a {type(prompts).__name__}; pass a list of token-id lists ({hint})")
+        for index, prompt in enumerate(prompts):
+            if not isinstance(prompt, (list, tuple)):
+                hint = (
+                    "text: tokenize it with the target's tokenizer"
+                    if isinstance(prompt, str)
+                    else "a tensor or array: pass prompt.tolist()"
+                )
+                raise SpecError(f"prompts[{index}] is a {type(prompt).__name__}, not a list of token ids ({hint})")
         if not prompts:
             raise SpecError("prompts is empty: pass at least one prompt")
         vocab = self.target.vocab_size

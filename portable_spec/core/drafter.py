@@ -276,6 +276,8 @@ def load_drafter(ckpt_dir: Path, dtype=torch.float32) -> Drafter:
     unexpected weights fail here, naming them."""
     config, weights = load_drafter_files(ckpt_dir)
     check_weight_shapes(config, {name: tuple(tensor.shape) for name, tensor in weights.items()}, str(ckpt_dir))
+    if config.draft_vocab_size is not None:  # every id it drafts must be a target token
+        check_draft_vocab(target_ids_of(weights["d2t"]), config, f"{ckpt_dir}: d2t")
     drafter = Drafter(config)
     drafter.load_state_dict(weights)
     return drafter.to(dtype).eval()

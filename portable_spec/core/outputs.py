@@ -82,8 +82,9 @@ def check_output_dir(
     """Refuse, before any work, an output path that would destroy what portable-spec did not write here:
     - equal to, inside or containing an input (never lifted);
     - a file, or a directory under a file;
-    - a non-empty directory whose marker does not say it is a previous `kind` output (of the same `owner`, when
-      one is given: a trained drafter belongs to its work directory): `force` lifts this one rule."""
+    - a non-empty directory whose marker does not say it is a previous `kind` output of the same `owner` (a
+      trained drafter belongs to its work directory; an import or export owns nothing, so it never replaces a
+      trained one): `force` lifts this one rule."""
     out_dir = Path(out_dir)
     check_not_an_input(out_dir, inputs)
     check_directory_path(out_dir, f"output {out_dir}")
@@ -91,7 +92,7 @@ def check_output_dir(
         found = read_marker(out_dir)
         if found is not None and found.get("shared"):  # a user's folder portable-spec also wrote a few files into
             found = None
-        if found is None or found.get("kind") != kind or (owner is not None and found.get("owner") != owner):
+        if found is None or found.get("kind") != kind or found.get("owner") != owner:
             if found is None:
                 held = "files portable-spec did not write"
             elif found.get("kind") != kind:

@@ -119,8 +119,8 @@ class DrafterConfig(_Strict):
     num_key_value_heads: int = Field(gt=0, description="KV heads; must divide num_attention_heads.")
     head_dim: int = Field(gt=0, description="Per-head width; even, for rotary embedding.")
     intermediate_size: int = Field(gt=0, description="SwiGLU MLP width.")
-    rms_norm_eps: float = Field(1e-6, gt=0, description="RMSNorm epsilon.")
-    rope_theta: float = Field(10000.0, gt=0, description="Rotary base.")
+    rms_norm_eps: float = Field(1e-6, gt=0, allow_inf_nan=False, description="RMSNorm epsilon.")
+    rope_theta: float = Field(10000.0, gt=0, allow_inf_nan=False, description="Rotary base.")
     vocab_size: int = Field(gt=0, description="Vocabulary size; must equal the target's.")
     mask_token_id: int = Field(ge=0, description="Token id filling the draft slots of a block.")
     draft_vocab_size: int | None = Field(

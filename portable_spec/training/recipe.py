@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from portable_spec.core.drafter import Drafter
 from portable_spec.core.outputs import data_lock, locked, training_lock
 from portable_spec.core.spec import DrafterConfig, SpecError, read_json_object
 from portable_spec.core.target import TargetModel
@@ -23,7 +24,7 @@ from portable_spec.training.batches import ReplyBatches
 from portable_spec.training.distill_data import Generator, ReplyConfig, generate_replies, load_sequences
 from portable_spec.training.distributed import SINGLE, Ranks
 from portable_spec.training.feature_cache import FeatureDataset, cache_features
-from portable_spec.training.feature_mode import FeatureMode, choose_features
+from portable_spec.training.feature_mode import FeatureMode, choose_features, device_memory
 from portable_spec.training.heldout import HeldoutAcceptance, HeldoutTracker
 from portable_spec.training.prompts import chat_prompt_split, read_prompts, write_prompts
 from portable_spec.training.sharegpt import PromptTurns
@@ -216,6 +217,23 @@ def build_config(target: TargetModel, tokenizer, recipe: RecipeConfig, model_id:
     )
 
 
+TRAINING_BYTES_PER_PARAMETER = 16  # fp32 weights, gradients and AdamW's two moments
+
+
+def check_trainable_size(config: DrafterConfig, device: torch.device) -> None:
+    """The drafter's weights, gradients and optimizer state fit the device (counted on the meta device, before
+    anything is allocated), else one line naming the flags that size it."""
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in Drafter(config).parameters())
+    needed, memory = parameters * TRAINING_BYTES_PER_PARAMETER, device_memory(device)
+    if needed > memory:
+        raise SpecError(
+            f"the drafter has {parameters:,} parameters (--num-layers {config.num_hidden_layers}, "
+            f"--intermediate-size {config.intermediate_size}): training needs {needed / 2**30:,.0f} GiB for its "
+            f"weights, gradients and optimizer, more than {device}'s {memory / 2**30:,.0f} GiB; lower them"
+        )
+
+
 STAGES = ("prompts", "replies", "features", "train")
 
 
@@ -243,6 +261,8 @@ def run_recipe(
     and every rank waits for each stage to be complete before the next; a target sharded over the ranks
     (`target_sharded`) writes no replies and computes features in lockstep."""
     evaluation = evaluation or EvalConfig()
+    config = build_config(target, tokenizer, recipe, model_id)  # the drafter's flags refused before any stage runs
+    check_trainable_size(config, target.device)
     if ranks.main:
         work_dir.mkdir(parents=True, exist_ok=True)
         prepare_prompts(tokenizer, data_path, work_dir, recipe)
@@ -258,7 +278,6 @@ def run_recipe(
     distributed.barrier(ranks)
     if until == "replies":
         return None
-    config = build_config(target, tokenizer, recipe, model_id)
     mode, reason = distributed.from_main(ranks, choose_features(recipe.features, target, config, data_dir, work_dir))
     if ranks.main:
         print(f"features: {mode} ({reason})", flush=True)

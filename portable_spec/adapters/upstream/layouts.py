@@ -27,6 +27,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from portable_spec.core.checkpoint import check_weight_values
 from portable_spec.core.spec import SpecError, is_drafter_config, read_json_object
 
 LAYOUTS = ("zlab", "specforge", "speculators")
@@ -58,6 +59,8 @@ NEUTRAL = {
     "selector_rank": (None,),
     "selector_top_k": (None,),
     "rope_scaling": (None,),
+    "is_neox_style": (None, True),  # rotary as the halves of each head (Qwen3's); the interleaved form is not run
+    "use_sliding_window": (None, False),  # transformers derives sliding layers from it when layer_types is absent
 }
 DFLASH_CONFIG_KEYS = {"target_layer_ids", "mask_token_id", "block_size", "num_target_layers", "target_hidden_size"}
 
@@ -76,6 +79,51 @@ class UpstreamDrafter:
 
 def _refuse(source: str, key: str, value, fix: str) -> SpecError:
     return SpecError(f"{source}: {key} = {json.dumps(value)} {fix}")
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _listed(test):
+    return lambda value: isinstance(value, list) and all(test(item) for item in value)
+
+
+# The JSON type of every config key the reader uses, wherever it sits (top level, dflash_config,
+# transformer_layer_config, speculators_config): a wrongly typed one is refused by name before it is used.
+KEY_TYPES = {
+    **dict.fromkeys(
+        (
+            "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+            "block_size", "mask_token_id", "num_target_layers", "target_hidden_size", "draft_vocab_size",
+        ),
+        (_whole, "a whole number"),
+    ),
+    **dict.fromkeys(("num_key_value_heads", "head_dim"), (_whole, "a whole number")),
+    **dict.fromkeys(("rope_theta", "rms_norm_eps"), (_number, "a number")),
+    **dict.fromkeys(
+        ("dflash_config", "transformer_layer_config", "speculators_config", "rope_parameters"),
+        (lambda v: isinstance(v, dict), "an object"),
+    ),
+    "verifier": (lambda v: isinstance(v, dict), "an object"),
+    "name_or_path": (lambda v: isinstance(v, str), "a string"),
+    **dict.fromkeys(("architectures", "layer_types"), (_listed(lambda v: isinstance(v, str)), "a list of strings")),
+    **dict.fromkeys(("target_layer_ids", "aux_hidden_state_layer_ids"), (_listed(_whole), "a list of layer ids")),
+    **dict.fromkeys(("model_type", "hidden_act", "speculators_model_type"), (lambda v: isinstance(v, str), "a string")),
+}  # fmt: skip
+
+
+def _check_types(values: dict, source: str, prefix: str = "") -> None:
+    for key, value in values.items():
+        test, kind = KEY_TYPES.get(key, (None, ""))
+        if test is not None and value is not None and not test(value):  # null: not set (defaults, or _required)
+            raise _refuse(source, prefix + key, value, f"must be {kind}: the file is not a valid DFlash config")
+        if isinstance(value, dict):
+            _check_types(value, source, f"{prefix}{key}.")
 
 
 def _check_neutral(values: dict, source: str, prefix: str = "") -> None:
@@ -115,7 +163,7 @@ def layer_fields(values: dict, source: str, prefix: str = "") -> dict:
     rope = values.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default":
         raise _refuse(source, prefix + "rope_parameters.rope_type", rope["rope_type"], "is not default rotary")
-    rope_theta = values.get("rope_theta", rope.get("rope_theta", 10000.0))
+    rope_theta = next((v for v in (values.get("rope_theta"), rope.get("rope_theta")) if v is not None), 10000.0)
     hidden = _required(values, "hidden_size", source, prefix)
     heads = _required(values, "num_attention_heads", source, prefix)
     return {
@@ -228,6 +276,18 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
     return weights
 
 
+def _portable_dtypes(weights: dict[str, torch.Tensor], path: Path) -> dict[str, torch.Tensor]:
+    """Weights in the dtypes a portable checkpoint holds: float64 stored as float32, d2t as int64 (whole offsets
+    stored as floats or narrower ints are converted; a fractional one is refused)."""
+    out = {name: t.float() if t.dtype == torch.float64 else t for name, t in weights.items()}
+    d2t = out.get("d2t")
+    if d2t is not None and d2t.dtype != torch.int64:
+        if d2t.is_floating_point() and not bool((d2t == d2t.round()).all()):
+            raise SpecError(f"{path}: d2t holds non-integer offsets ({d2t.dtype}); it must map draft ids to target ids")
+        out["d2t"] = d2t.to(torch.int64)
+    return out
+
+
 def detect_layout(data: dict) -> str | None:
     """Which upstream layout a config.json object is in (zlab and specforge are told apart by read_upstream)."""
     if "speculators_model_type" in data:
@@ -248,6 +308,7 @@ def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
         raise SpecError(f"{config_file}: not found; an upstream DFlash checkpoint is a directory with config.json")
     data = read_json_object(config_file, "it is not a checkpoint config")
     source = str(config_file)
+    _check_types(data, source)
     if is_drafter_config(data):
         raise SpecError(f"{path}: already a portable-spec checkpoint; use it as it is (nothing to import)")
     family = detect_layout(data)
@@ -269,8 +330,9 @@ def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
             f"{path / 'mask_embedding.pt'}: a separately trained mask embedding, pickled; pickles are never loaded "
             "and portable drafters embed the mask token with the target's embedding: this checkpoint cannot be imported"
         )
-    weights = _read_weights(path)
+    weights = _portable_dtypes(_read_weights(path), path)
     target_side = {name: weights.pop(name) for name in TARGET_SIDE if name in weights}
+    check_weight_values(str(path), weights)
     if "d2t" in weights and "draft_vocab_size" not in fields:
         fields["draft_vocab_size"] = int(weights["d2t"].shape[0])
     if fields.get("draft_vocab_size") is not None and "d2t" not in weights:
