@@ -66,9 +66,14 @@ def test_sharded_and_prefixed_weights_import(tmp_path):
 
 
 def test_speculators_export_round_trips(tmp_path):
-    out = export_speculators(PARALLEL, tmp_path / "spec")
+    with pytest.raises(SpecError, match="ships its target's embed_tokens and lm_head .*pass --target"):
+        export_speculators(PARALLEL, tmp_path / "no-target")
+    out = export_speculators(PARALLEL, tmp_path / "spec", TARGET)
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_model_type"] == "dflash" and config["sliding_window_non_causal"] is True
+    shipped, target = load_file(str(out / "model.safetensors")), TargetModel.load(TARGET).model
+    assert torch.equal(shipped["embed_tokens.weight"], target.get_input_embeddings().weight.detach())
+    assert torch.equal(shipped["lm_head.weight"], target.get_output_embeddings().weight.detach())  # self-contained
     _same_checkpoint(import_drafter(out, TARGET, tmp_path / "back").out, PARALLEL)
 
 

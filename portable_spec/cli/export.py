@@ -1,4 +1,4 @@
-"""portable-spec export: `export onnx|trtllm DRAFTER OUT --target T` and `export speculators DRAFTER OUT`.
+"""portable-spec export: `export onnx|trtllm|speculators DRAFTER OUT --target T`.
 
 onnx and trtllm bind the drafter to its target (the graph embeds the target's embedding and LM head); speculators
 writes vLLM speculators' DFlash layout (parallel drafters only). Every option is checked before anything loads,
@@ -33,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     speculators = formats.add_parser("speculators", help="vLLM speculators' DFlash layout (parallel drafters).")
     speculators.add_argument("drafter", help="Portable parallel drafter checkpoint directory.")
     speculators.add_argument("out", help="Output directory: new, empty, or a previous speculators export.")
-    speculators.add_argument("--target", help="Target directory; needed for a draft vocabulary (its head rows).")
+    speculators.add_argument(
+        "--target", help="Target directory (required): its embed_tokens and lm_head ship in the export."
+    )
     speculators.add_argument("--force", action="store_true", help="Replace OUT even if portable-spec did not write it.")
     trtllm.add_argument("--trtllm-version", help="Target TensorRT-LLM version (default: the installed one).")
     trtllm.add_argument(

@@ -460,7 +460,7 @@ def upstream_runs(vllm_module, prompts, tmp_path_factory):
     config = json.loads((bidirectional / "config.json").read_text())
     (bidirectional / "config.json").write_text(json.dumps({**config, "sliding_window_non_causal": True}))
     dirs["speculators_bidirectional"] = bidirectional
-    dirs["exported"] = export_speculators(source, root / "exported")
+    dirs["exported"] = export_speculators(source, root / "exported", ASSETS / "target")
     runs = {}
     for layout, directory in dirs.items():
         with pytest.MonkeyPatch.context() as patch:

@@ -65,7 +65,9 @@ def speculators_config(config) -> dict:
 
 
 def export_speculators(drafter_dir: Path, out: Path, target_dir: Path | None = None, force: bool = False) -> Path:
-    """Write `out`; a draft vocabulary also needs the target (speculators ships the draft head's rows)."""
+    """Write `out` self-contained, as speculators' converter does (vllm-project/speculators
+    src/speculators/convert/dflash/converter.py): the target's `embed_tokens` and `lm_head` (the draft ids' rows for
+    a draft vocabulary, with `t2d`) ship beside the drafter's own weights, so the target is needed."""
     drafter_dir, out = Path(drafter_dir), Path(out)
     config, weights = load_drafter_files(drafter_dir)
     if config.kind != "parallel":
@@ -74,18 +76,22 @@ def export_speculators(drafter_dir: Path, out: Path, target_dir: Path | None = N
             "shift-mix and a bidirectional block); serve it through portable-spec's vLLM plugin instead: "
             f'speculative_config={{"method": "dflash", "model": "{drafter_dir}"}}'
         )
-    if config.draft_vocab_size is not None and target_dir is None:
+    if target_dir is None:
         raise SpecError(
-            f"{drafter_dir}: draft_vocab_size={config.draft_vocab_size}: speculators ships the draft head's rows, "
-            "so pass --target TARGET to read them from the target"
+            f"{drafter_dir}: a speculators checkpoint ships its target's embed_tokens and lm_head (the draft ids' "
+            "rows for a draft vocabulary), as speculators' converter writes it: pass --target TARGET"
         )
     check_output_dir(out, KIND, inputs=(drafter_dir, target_dir), force=force)
+    target = TargetModel.load(target_dir)
+    target.check_drafter(config)
+    dtype = weights["fc.weight"].dtype
+    head = target.model.get_output_embeddings().weight.detach().cpu()
+    # copies: a tied target's embedding and head are one tensor, and the file holds both
+    weights["embed_tokens.weight"] = target.model.get_input_embeddings().weight.detach().cpu().to(dtype).clone()
+    weights["lm_head.weight"] = head.to(dtype).clone()
     if config.draft_vocab_size is not None:
-        target = TargetModel.load(target_dir)
-        target.check_drafter(config)
         rows = target_ids_of(weights["d2t"])
-        head = target.model.get_output_embeddings().weight.detach().cpu()
-        weights["lm_head.weight"] = head[rows].to(weights["fc.weight"].dtype)
+        weights["lm_head.weight"] = head[rows].to(dtype)
         weights["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool).index_fill_(0, rows, True)
 
     def write(tmp: Path) -> None:
