@@ -263,11 +263,12 @@ def run_recipe(
     evaluation = evaluation or EvalConfig()
     config = build_config(target, tokenizer, recipe, model_id)  # the drafter's flags refused before any stage runs
     check_trainable_size(config, target.device)
-    if ranks.main:
+    if ranks.main:  # rank 0 prepares them; the others read them once they are written
         work_dir.mkdir(parents=True, exist_ok=True)
-        prepare_prompts(tokenizer, data_path, work_dir, recipe)
+        prompts = prepare_prompts(tokenizer, data_path, work_dir, recipe)
     distributed.barrier(ranks)
-    prompts = prepare_prompts(tokenizer, data_path, work_dir, recipe)
+    if not ranks.main:
+        prompts = prepare_prompts(tokenizer, data_path, work_dir, recipe)
     if until == "prompts":
         return None
     data_lock_held = lambda: locked(data_lock(work_dir), f"--work-dir {work_dir}")  # noqa: E731 - only for work to do

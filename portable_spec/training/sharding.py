@@ -12,6 +12,7 @@ index): rank 0 writes it, every rank reads it, so a run resumes at any world siz
 
 from __future__ import annotations
 
+import contextlib
 from typing import Literal
 
 import torch
@@ -43,19 +44,15 @@ class ShardedDrafter:
 
             self.whole = drafter
             self.model = data_parallel(loss_module, ranks, device)
+        params = dict(drafter.named_parameters())  # after fully_shard: the sharded parameters
+        self.params = [params[name] for name in self.names]  # what the optimizer steps and clipping reads
 
     @property
     def sharded(self) -> bool:
         return self.layout == "fsdp" and self.ranks.distributed
 
-    def optimizer_params(self) -> list[torch.nn.Parameter]:
-        params = dict(self.drafter.named_parameters())
-        return [params[name] for name in self.names]
-
     def no_sync(self):
         """DDP's: skip the gradient all-reduce of a micro-batch that is not the step's last."""
-        import contextlib
-
         if self.ranks.distributed and not self.sharded:
             return self.model.no_sync()
         return contextlib.nullcontext()

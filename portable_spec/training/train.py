@@ -327,7 +327,7 @@ def train_loop(
         start, elapsed = 0, 0.0
     drafter.train()
     trainee = ShardedDrafter(drafter, DrafterLoss(drafter, config.loss_gamma), ranks, device, config.drafter_parallel)
-    optimizer = torch.optim.AdamW(trainee.optimizer_params(), lr=config.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(trainee.params, lr=config.lr, weight_decay=0.0)
     if optimizer_state is not None:
         trainee.load_optimizer_state(optimizer, optimizer_state)
     heldout = heldout if ranks.main else None
@@ -366,7 +366,7 @@ def train_loop(
                 for group in optimizer.param_groups:
                     group["lr"] = _lr_at(step, config, elapsed)
                 loss = _step(trainee, draw, step, config, ranks, device)
-                torch.nn.utils.clip_grad_norm_(trainee.optimizer_params(), 1.0)
+                torch.nn.utils.clip_grad_norm_(trainee.params, 1.0)
                 optimizer.step()
                 loss_value = distributed.mean(ranks, loss)
                 bar.set_postfix(loss=f"{loss_value:.3f}")

@@ -186,9 +186,7 @@ def _hf_dflash(data: dict, source: str) -> tuple[str, dict, int | None]:
         raise _refuse(
             source, "architectures", architectures, "is DFlash2 (convolutions, candidate selector): no portable kind"
         )
-    dflash = data.get("dflash_config") or {}
-    if not isinstance(dflash, dict):
-        raise _refuse(source, "dflash_config", dflash, "must be an object")
+    dflash = data.get("dflash_config") or {}  # an object when set (_check_types)
     unknown = sorted(set(dflash) - DFLASH_CONFIG_KEYS - set(NEUTRAL))
     if unknown:
         raise _refuse(
@@ -206,8 +204,6 @@ def _hf_dflash(data: dict, source: str) -> tuple[str, dict, int | None]:
     layer_ids = dflash.get("target_layer_ids", data.get("target_layer_ids"))
     if layer_ids is None:
         raise SpecError(f"{source}: dflash_config.target_layer_ids is missing; an upstream DFlash checkpoint sets it")
-    if not (isinstance(layer_ids, list) and all(isinstance(i, int) for i in layer_ids)):
-        raise _refuse(source, "dflash_config.target_layer_ids", layer_ids, "must be a flat list of layer ids")
     block_size = data.get("block_size", dflash.get("block_size"))
     if block_size is None:
         raise SpecError(f"{source}: block_size is missing (neither at the top level nor in dflash_config)")
@@ -233,8 +229,6 @@ def _speculators(data: dict, source: str) -> tuple[dict, str | None]:
     if target_hidden not in (None, fields["hidden_size"]):
         raise _refuse(source, "target_hidden_size", target_hidden, "differs from hidden_size (no input projection)")
     aux_ids = _required(data, "aux_hidden_state_layer_ids", source)
-    if not (isinstance(aux_ids, list) and all(isinstance(i, int) for i in aux_ids)):
-        raise _refuse(source, "aux_hidden_state_layer_ids", aux_ids, "must be a flat list of layer ids")
     draft_vocab = data.get("draft_vocab_size")
     fields.update(
         block_size=data.get("block_size", 8),  # speculators' default
