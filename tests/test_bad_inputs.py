@@ -530,13 +530,13 @@ CASES = [
         for name, what, expect in (
             (
                 "up_sliding",
-                "sliding-window layers",
-                r"layer_types = .*sliding_attention.*portable drafters attend fully",
+                "sliding-window layers but use_sliding_window false",
+                r"use_sliding_window = false with sliding_attention layers: transformers then drops sliding_window",
             ),
             (
-                "up_causal",
-                "a causal block (dflash_config.causal)",
-                r"dflash_config\.causal = true has no portable equivalent",
+                "up_small_window",
+                "a sliding window smaller than its block",
+                r"sliding_window=2 is smaller than block_size=16.*cannot be imported",
             ),
             ("up_dflash2", "a DFlash2 architecture", r"architectures = \[\"DFlash2DraftModel\"\] is DFlash2"),
             ("up_unknown_key", "an unknown dflash_config switch", r"dflash_config\.gate_mode = .*not a DFlash switch"),
@@ -569,9 +569,9 @@ CASES = [
             ("up_typed", "rope_parameters a string", r"rope_parameters = \"yarn\" must be an object"),
             ("up_not_neox", "is_neox_style false", r"is_neox_style = false has no portable equivalent"),
             (
-                "up_implicit_sliding",
-                "use_sliding_window true and no layer_types",
-                r"use_sliding_window = true has no portable equivalent",
+                "up_chunked",
+                "a layer type other than full or sliding attention",
+                r"layer_types = .*chunked_attention.* has chunked_attention layers: no portable equivalent",
             ),
         )
     ),
@@ -588,7 +588,7 @@ CASES = [
     Case(
         "import with a --layout the config contradicts",
         ("import", "{up_zlab}", "{out}", "--target", "{target}", "--layout", "speculators"),
-        expect=r"layout=speculators given, but config\.json is in the zlab layout",
+        expect=r"layout=speculators given, but config\.json is in the dflash layout",
     ),
     Case(
         "export speculators of a depth_causal drafter",
@@ -756,8 +756,12 @@ def _upstream_inputs(root: Path, parallel: Path) -> dict[str, Path]:
 
     zlab = {
         "up_zlab": lambda d: None,
-        "up_sliding": config_change(layer_types=["sliding_attention", "full_attention"], sliding_window=64),
-        "up_causal": dflash_change(causal=True),
+        "up_sliding": config_change(
+            layer_types=["sliding_attention", "full_attention"], sliding_window=64, use_sliding_window=False
+        ),
+        "up_small_window": config_change(
+            layer_types=["sliding_attention", "full_attention"], sliding_window=2, use_sliding_window=True
+        ),
         "up_dflash2": config_change(architectures=["DFlash2DraftModel"]),
         "up_unknown_key": dflash_change(gate_mode="sigmoid"),
         "up_scaled": dflash_change(output_multiplier=2.0),
@@ -778,12 +782,7 @@ def _upstream_inputs(root: Path, parallel: Path) -> dict[str, Path]:
         "up_inf_rope": config_change(rope_theta=float("inf")),
         "up_typed": config_change(rope_parameters="yarn"),
         "up_not_neox": config_change(is_neox_style=False),
-        "up_implicit_sliding": lambda d: (
-            config_change(use_sliding_window=True, sliding_window=64)(d),
-            (d / "config.json").write_text(
-                json.dumps({k: v for k, v in json.loads((d / "config.json").read_text()).items() if k != "layer_types"})
-            ),
-        ),
+        "up_chunked": config_change(layer_types=["chunked_attention", "full_attention"]),
     }
     speculators = {
         "up_dspark": config_change(speculators_model_type="dspark"),

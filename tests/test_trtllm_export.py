@@ -258,3 +258,37 @@ def test_cli_export_trtllm(pairs, tmp_path, capsys):
     assert main(args + ["--trtllm-version", "1.4.0"]) == 0
     printed = capsys.readouterr().out
     assert f"--custom_module_dirs {(tmp_path / 'dc' / MODULE_DIR).resolve()}" in printed and "register()" in printed
+
+
+def test_dflash_route_with_sliding_windows(tmp_path):
+    """A bidirectional parallel drafter with sliding layers exports with the keys TensorRT-LLM's modeling_dflash.py
+    windows by (dflash_config use_swa + swa_window_size, layer_types); a causal block or a windowed depth_causal
+    drafter is refused by name (TensorRT-LLM's generic DFlash block is bidirectional; the builder is not mirrored
+    with windows)."""
+    from transformers import AutoConfig
+
+    from portable_spec.core.testing import tiny_drafter, tiny_target
+
+    target = tiny_target()
+    mixed = dict(layer_types=["sliding_attention", "full_attention"], sliding_window=16)
+    drafter = tiny_drafter(target, "parallel", **mixed)
+    out = export_for_trtllm(target, drafter, tmp_path / "out", ExportRequest("1.3.0rc27", dtype="float32"))
+    hf = AutoConfig.from_pretrained(out / DRAFT_DIR)
+    assert hf.layer_types == mixed["layer_types"] and hf.sliding_window == 16 and hf.is_causal is False
+    assert hf.dflash_config["use_swa"] is True and hf.dflash_config["swa_window_size"] == 16
+    refused = {
+        "causal": (tiny_drafter(target, "parallel", block_attention="causal", **mixed), "1.3.0rc27"),
+        "depth_causal": (tiny_drafter(target, "depth_causal", **mixed), "1.4.0"),
+    }
+    patterns = {
+        "causal": "block_attention=causal: TensorRT-LLM's DFlash drafter runs the block bidirectionally",
+        "depth_causal": "windowed depth_causal drafters are not exported",
+    }
+    for name, (refused_drafter, version) in refused.items():
+        with pytest.raises(SpecError, match=patterns[name]):
+            export_for_trtllm(target, refused_drafter, tmp_path / name, ExportRequest(version))
+        assert_no_output(tmp_path / name)
+        onnx = export_for_trtllm(
+            target, refused_drafter, tmp_path / f"{name}-onnx", ExportRequest(version, route="onnx")
+        )
+        assert json.loads((onnx / MANIFEST_FILE).read_text())["route"] == "onnx"  # the ONNX route carries windows

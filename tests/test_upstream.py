@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from portable_spec.adapters.upstream.importer import import_drafter
 from portable_spec.adapters.upstream.layouts import read_upstream
 from portable_spec.adapters.upstream.speculators import export_speculators
-from portable_spec.conformance.upstream_layouts import UPSTREAM_LAYOUTS, write_portable_as_upstream
+from portable_spec.conformance.upstream_layouts import READ_AS, UPSTREAM_LAYOUTS, write_portable_as_upstream
 from portable_spec.core import fixtures
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
 from portable_spec.core.spec import DrafterConfig, SpecError, read_config
@@ -35,14 +35,127 @@ def _same_checkpoint(a, b) -> None:
 
 @pytest.mark.parametrize("layout", UPSTREAM_LAYOUTS)
 def test_each_upstream_layout_imports_exactly(layout, tmp_path):
-    upstream = write_portable_as_upstream(layout, tmp_path / layout, PARALLEL)
-    assert read_upstream(upstream).layout == layout
+    upstream = write_portable_as_upstream(layout, tmp_path / layout, PARALLEL, TARGET)
+    assert read_upstream(upstream).layout == READ_AS[layout]
     result = import_drafter(upstream, TARGET, tmp_path / "imported")
     _same_checkpoint(result.out, PARALLEL)  # the binding included: model_id is the verifier the checkpoint names
 
 
+FIVE = ["sliding_attention"] * 4 + ["full_attention"]
+
+
+def _five_layer_parallel(tmp_path):
+    """The parallel fixture's weights under a 5-layer config (layers 2-4 copies of 0-1), the shape of z-lab's
+    Qwen3.6-27B drafter: 4 sliding layers and 1 full."""
+    config, weights = load_drafter_files(PARALLEL)
+    for index in range(config.num_hidden_layers, 5):
+        source = index % config.num_hidden_layers
+        for name in [n for n in weights if n.startswith(f"layers.{source}.")]:
+            weights[name.replace(f"layers.{source}.", f"layers.{index}.", 1)] = weights[name].clone()
+    five = DrafterConfig.model_validate({**config.model_dump(), "num_hidden_layers": 5})
+    return save_drafter(tmp_path / "five", five, weights)
+
+
+@pytest.mark.parametrize(
+    "layout,layer_types,upstream,block_attention",
+    [
+        # speculators' trainer default: every layer slides, sliding_window_non_causal false -> causal block
+        ("speculators", ["sliding_attention"] * 5, {}, "causal"),
+        (
+            "speculators",
+            FIVE,
+            {},
+            "causal_in_sliding_layers",
+        ),  # --full-attention-indices 4: full layers stay bidirectional
+        ("speculators", FIVE, {"sliding_window_non_causal": True}, "bidirectional"),
+        ("zlab", FIVE, {}, "causal_in_sliding_layers"),  # no is_causal: causal exactly in the sliding layers
+        ("zlab", FIVE, {"is_causal": False}, "bidirectional"),  # as z-lab's dflash2 fixture
+        ("zlab", FIVE, {"is_causal": True}, "causal"),
+    ],
+)
+def test_sliding_window_layouts_import_as_upstream_reads_them(tmp_path, layout, layer_types, upstream, block_attention):
+    """Sliding layers, their window and the block causality each upstream reads come over exactly; the weights
+    are the same tensors."""
+    five = _five_layer_parallel(tmp_path)
+    out = write_portable_as_upstream(
+        layout, tmp_path / layout, five, TARGET, layer_types=layer_types, sliding_window=64, **upstream
+    )
+    result = import_drafter(out, TARGET, tmp_path / "imported")
+    config = read_config(result.out)
+    assert config.layer_types == layer_types and config.sliding_window == 64
+    assert config.variant.block_attention == block_attention
+    imported, original = load_file(str(result.out / "model.safetensors")), load_file(str(five / "model.safetensors"))
+    assert all(torch.equal(imported[name], original[name]) for name in original)
+
+
+def test_implicit_use_sliding_window_follows_transformers(tmp_path):
+    """No layer_types, use_sliding_window true: transformers' Qwen3Config makes layers >= max_window_layers slide
+    (default 28: none of a 5-layer drafter's) with sliding_window (default 4096)."""
+    five = _five_layer_parallel(tmp_path)
+    out = write_portable_as_upstream("zlab", tmp_path / "z", five)
+    data = json.loads((out / "config.json").read_text())
+    data.pop("layer_types")
+    data.update(use_sliding_window=True, max_window_layers=3)
+    data.pop("sliding_window", None)
+    (out / "config.json").write_text(json.dumps(data))
+    config = read_config(import_drafter(out, TARGET, tmp_path / "three").out)
+    assert config.layer_types == ["full_attention"] * 3 + ["sliding_attention"] * 2
+    assert config.sliding_window == 4096 and config.variant.block_attention == "causal_in_sliding_layers"
+    data.pop("max_window_layers")
+    (out / "config.json").write_text(json.dumps(data))
+    config = read_config(import_drafter(out, TARGET, tmp_path / "none").out)
+    assert config.layer_types is None and config.sliding_window is None
+
+
+def test_sliding_layers_without_use_sliding_window_are_refused(tmp_path):
+    """transformers drops sliding_window unless use_sliding_window: vLLM and SGLang refuse such a config."""
+    out = write_portable_as_upstream(
+        "zlab", tmp_path / "z", _five_layer_parallel(tmp_path), layer_types=FIVE, sliding_window=64
+    )
+    data = json.loads((out / "config.json").read_text())
+    data["use_sliding_window"] = False
+    (out / "config.json").write_text(json.dumps(data))
+    with pytest.raises(SpecError, match="use_sliding_window = false with sliding_attention layers"):
+        read_upstream(out)
+
+
+def test_block_size_in_dflash_config_wins_as_in_zlab(tmp_path):
+    """z-lab's model.py reads each DFlash key from dflash_config first (`_draft_value`)."""
+    out = write_portable_as_upstream("zlab", tmp_path / "z", PARALLEL)
+    data = json.loads((out / "config.json").read_text())
+    data["block_size"] = data["dflash_config"]["block_size"] + 4
+    (out / "config.json").write_text(json.dumps(data))
+    assert read_upstream(out).fields["block_size"] == read_config(PARALLEL).block_size
+
+
+@pytest.mark.parametrize(
+    "layer_types,block_attention,non_causal",
+    [(["sliding_attention"] * 5, "causal", False), (FIVE, "bidirectional", True), (None, "bidirectional", True)],
+)
+def test_speculators_export_of_windowed_drafters_round_trips(tmp_path, layer_types, block_attention, non_causal):
+    config, weights = load_drafter_files(_five_layer_parallel(tmp_path))
+    data = {**config.model_dump(), "variant": {"kind": "parallel", "block_attention": block_attention}}
+    if layer_types:
+        data.update(layer_types=layer_types, sliding_window=64)
+    drafter = save_drafter(tmp_path / "windowed", DrafterConfig.model_validate(data), weights)
+    out = export_speculators(drafter, tmp_path / "spec", TARGET)
+    exported = json.loads((out / "config.json").read_text())
+    assert exported["sliding_window_non_causal"] is non_causal
+    _same_checkpoint(import_drafter(out, TARGET, tmp_path / "back").out, drafter)
+
+
+def test_speculators_export_refuses_a_causal_block_with_full_layers(tmp_path):
+    config, weights = load_drafter_files(_five_layer_parallel(tmp_path))
+    data = {**config.model_dump(), "layer_types": FIVE, "sliding_window": 64}
+    data["variant"] = {"kind": "parallel", "block_attention": "causal_in_sliding_layers"}
+    drafter = save_drafter(tmp_path / "mixed", DrafterConfig.model_validate(data), weights)
+    with pytest.raises(SpecError, match="full layers bidirectional in speculators and causal in vLLM"):
+        export_speculators(drafter, tmp_path / "spec", TARGET)
+    assert not (tmp_path / "spec").exists()
+
+
 def test_speculators_layer_ids_are_counted_one_higher(tmp_path):
-    upstream = write_portable_as_upstream("speculators", tmp_path / "s", PARALLEL)
+    upstream = write_portable_as_upstream("speculators", tmp_path / "s", PARALLEL, TARGET)
     aux = json.loads((upstream / "config.json").read_text())["aux_hidden_state_layer_ids"]
     assert (
         read_upstream(upstream).fields["target_layer_ids"]
@@ -122,7 +235,7 @@ def test_every_wrongly_typed_config_key_is_named(layout, tmp_path):
     AttributeError or TypeError from deep inside the reader)."""
     from portable_spec.adapters.upstream.layouts import KEY_TYPES
 
-    upstream = write_portable_as_upstream(layout, tmp_path / layout, PARALLEL)
+    upstream = write_portable_as_upstream(layout, tmp_path / layout, PARALLEL, TARGET)
     config = json.loads((upstream / "config.json").read_text())
     tried = 0
     for path in list(_key_paths(config)):
@@ -141,3 +254,25 @@ def test_every_wrongly_typed_config_key_is_named(layout, tmp_path):
                 read_upstream(upstream)
             tried += 1
     assert tried >= 40
+
+
+@pytest.mark.parametrize(
+    "layout,layer_types,block_attention",
+    [
+        ("zlab", FIVE, "causal_in_sliding_layers"),
+        ("zlab", FIVE, "bidirectional"),
+        ("zlab", FIVE, "causal"),
+        ("specforge", FIVE, "causal_in_sliding_layers"),
+        ("speculators", ["sliding_attention"] * 5, "causal"),
+        ("speculators", FIVE, "bidirectional"),
+    ],
+)
+def test_portable_layer_options_written_upstream_come_back(tmp_path, layout, layer_types, block_attention):
+    """The test writers lay a portable drafter's windows and block attention out in upstream keys (what the
+    conformance layers/* checks hand the engines): importing the file gives the drafter back."""
+    config, weights = load_drafter_files(_five_layer_parallel(tmp_path))
+    data = {**config.model_dump(), "layer_types": layer_types, "sliding_window": 64}
+    data["variant"] = {"kind": "parallel", "block_attention": block_attention}
+    drafter = save_drafter(tmp_path / "windowed", DrafterConfig.model_validate(data), weights)
+    out = write_portable_as_upstream(layout, tmp_path / layout, drafter, TARGET)
+    _same_checkpoint(import_drafter(out, TARGET, tmp_path / "back").out, drafter)

@@ -52,7 +52,7 @@ class OnnxDrafterGraph:
         """One pass, shapes as the graph contract (onnx_export.py); blocks shorter than k only if block-causal."""
         k, width = self.config.block_size, block_ids.shape[-1]
         if width != k:
-            if width > k or not behaviour_of(self.config.kind).block_causal:
+            if width > k or not self.config.block_causal:
                 raise SpecError(
                     f"block of {width} slots given, the graph's block_size is {k} ({self.config.kind}); "
                     f"pass blocks of exactly {k} slots"

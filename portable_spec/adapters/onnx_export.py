@@ -126,7 +126,7 @@ class BoundDrafter(nn.Module):
     def forward(self, features, context_positions, context_valid, block_ids, block_positions):
         context = self.drafter.context_kv(features, context_positions)
         mask = context_valid[:, None, :].expand(-1, block_ids.shape[-1], -1)  # [B, k, T]
-        return self.drafter.block_logits(block_ids, block_positions, context, mask)  # [B, 1, k, V]
+        return self.drafter.block_logits(block_ids, block_positions, context, mask, context_positions)  # [B,1,k,V]
 
 
 def _swap_rms_norms(module: nn.Module) -> None:

@@ -22,7 +22,6 @@ from pathlib import Path
 from portable_spec.core import real_assets
 from portable_spec.core.outputs import claim_output_dir, mark_output_dir, write_file_atomically
 from portable_spec.core.spec import SpecError, read_config
-from portable_spec.core.variants import behaviour_of
 
 METHODS = ("none", "ngram", "dflash_parallel", "depth_causal")
 DRAFTER_OF = {"dflash_parallel": "parallel", "depth_causal": "depth_causal"}  # methods that load a shipped drafter
@@ -68,7 +67,7 @@ def speculative_config(method: str, args: argparse.Namespace) -> dict | None:
         return {**NGRAM, "num_speculative_tokens": args.ngram_k}
     path = real_assets.drafter_dir(DRAFTER_OF[method])
     config = read_config(path)
-    k = args.depth_causal_k if behaviour_of(config.kind).cuttable else config.block_size - 1
+    k = args.depth_causal_k if config.block_causal else config.block_size - 1
     return {"method": "dflash", "model": str(path), "num_speculative_tokens": k}
 
 

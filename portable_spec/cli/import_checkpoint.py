@@ -12,7 +12,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("out", help="Output directory for the portable checkpoint (new, empty, or a drafter).")
     parser.add_argument("--target", required=True, help="Target model directory the drafter is for.")
     parser.add_argument(
-        "--layout", default="auto", help="zlab | specforge | speculators; default auto: what config.json says."
+        "--layout",
+        default="auto",
+        help="dflash (z-lab/SpecForge; zlab and specforge are aliases) | speculators; default auto: what config.json "
+        "says.",
     )
     parser.add_argument(
         "--force", action="store_true", help="Replace OUT even if it holds files portable-spec did not write."
@@ -26,6 +29,10 @@ def run(args: argparse.Namespace) -> int:
     result = import_drafter(args.source, args.target, args.out, args.layout, args.force)
     config = result.config
     vocab = f", draft vocabulary {config.draft_vocab_size}" if config.draft_vocab_size else ""
+    if config.has_windows:
+        vocab += f", layers {config.layer_types} (window {config.sliding_window})"
+    if config.kind == "parallel" and config.variant.block_attention != "bidirectional":
+        vocab += f", block attention {config.variant.block_attention}"
     print(
         f"wrote {result.out}: {result.layout} DFlash drafter as a portable {config.kind} drafter, "
         f"block_size={config.block_size}, {config.num_hidden_layers} layers, target_layer_ids="

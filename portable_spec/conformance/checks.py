@@ -22,11 +22,11 @@ from portable_spec.conformance.golden import GOLDEN_DIR, case_paths, load_case, 
 from portable_spec.conformance.upstream_layouts import UPSTREAM_LAYOUTS, write_portable_as_upstream
 from portable_spec.conformance.workspace import CheckSkipped, Workspace, trained_fixture
 from portable_spec.core.backends import Acceptance, Backend, is_reference
+from portable_spec.core.checkpoint import load_drafter_files, save_drafter
 from portable_spec.core.decode import GenerationConfig
 from portable_spec.core.sampling import SamplingParams
-from portable_spec.core.spec import VARIANT_KINDS, read_config
+from portable_spec.core.spec import VARIANT_KINDS, DrafterConfig, read_config
 from portable_spec.core.testing import TINY_TARGET
-from portable_spec.core.variants import behaviour_of
 
 TOLERANCE = 1e-4  # logits and features: backends differ by float rounding (~1e-6), a wrong layer by O(1)
 TINY_GREEDY = GenerationConfig(max_new_tokens=24, num_draft_tokens=5)
@@ -325,7 +325,7 @@ def _samples(ctx: CheckContext, target: Path, drafter: Path | None, temperature:
     sampling = DISTRIBUTION.sampling.model_copy(update={"temperature": temperature})
     config = DISTRIBUTION.model_copy(update={"seed": seed, "sampling": sampling})
     if drafter is not None:  # the drafts that reach the 3 tokens; a bidirectional block must run whole
-        cut = behaviour_of(read_config(drafter).kind).cuttable
+        cut = read_config(drafter).block_causal
         config = config.model_copy(update={"num_draft_tokens": 2}) if cut else _full_block(config, drafter)
     key = ("samples", ctx.backend_name, str(drafter), temperature, seed)
     return ctx.workspace.memo(key, lambda: ctx.backend.generate(target, drafter, [prompt] * SAMPLES, config))
@@ -360,7 +360,7 @@ def _upstream_import(ctx: CheckContext, layout: str) -> None:
     root = ctx.workspace.root
 
     upstream = ctx.workspace.memo(
-        ("upstream", layout), lambda: write_portable_as_upstream(layout, root / f"upstream-{layout}", original)
+        ("upstream", layout), lambda: write_portable_as_upstream(layout, root / f"upstream-{layout}", original, target)
     )
     drafter = upstream
     if not ctx.backend.reads_layout(layout):
@@ -370,6 +370,66 @@ def _upstream_import(ctx: CheckContext, layout: str) -> None:
     config = _full_block(HELDOUT_GREEDY, original)
     expected = _reference_acceptance(ctx, target, original, prompts, config)
     _same_acceptance(f"{layout} checkpoint", ctx.backend.acceptance(target, drafter, prompts, config), expected)
+
+
+# Drafters with the layer options upstream checkpoints carry: name -> (shipped fixture kind, upstream layout or None for
+# a portable checkpoint, option). Sliding windows are the block size (the smallest allowed) and YaRN's original
+# length is 32, so the held-out prompts (33-48 tokens) outrun both.
+LAYER_OPTIONS = {
+    "speculators_sliding": ("parallel", "speculators", "sliding"),  # speculators' trainer default: causal block
+    "zlab_mixed": ("parallel", "zlab", "mixed"),  # z-lab's Qwen3.6 shape: sliding + full, causal where sliding
+    "depth_causal_sliding": ("depth_causal", None, "sliding"),
+    "zlab_yarn": ("parallel", "zlab", "yarn"),
+}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+
+
+def _option_fields(option: str, config) -> dict:
+    if option == "yarn":
+        return {"rope_scaling": YARN}
+    layer_types = ["sliding_attention"] * config.num_hidden_layers
+    if option == "mixed":
+        layer_types[-1] = "full_attention"
+    return {"layer_types": layer_types, "sliding_window": config.block_size}
+
+
+def _option_drafter(ctx: CheckContext, name: str) -> tuple[Path, Path, Path, list[list[int]]]:
+    """(target, the directory the backend is handed, its portable form for the reference, prompts)."""
+    kind, layout, option = LAYER_OPTIONS[name]
+    _kind_supported(ctx, kind)
+    target, original, prompts = _heldout_batch(kind)
+    root = ctx.workspace.root
+    portable = ctx.workspace.memo(
+        ("options", name),
+        lambda: with_attention(original, root / f"options-{name}", **_option_fields(option, read_config(original))),
+    )
+    if layout is None:
+        return target, portable, portable, prompts
+    upstream = ctx.workspace.memo(
+        ("options-upstream", name),
+        lambda: write_portable_as_upstream(layout, root / f"options-upstream-{name}", portable, target),
+    )
+    imported = ctx.workspace.memo(
+        ("options-imported", name), lambda: import_drafter(upstream, target, root / f"options-imported-{name}").out
+    )
+    return target, upstream if ctx.backend.reads_layout(layout) else imported, imported, prompts
+
+
+def _layer_option(ctx: CheckContext, name: str) -> None:
+    """Greedy speculative == the backend's non-speculative (== the reference's); tokens, rounds and accepted drafts
+    per position == the reference's on the portable form (the upstream directory imported)."""
+    target, handed, portable, prompts = _option_drafter(ctx, name)
+    config = _full_block(HELDOUT_GREEDY, portable)
+    _greedy_equal(ctx, target, handed, prompts, config, f"{name} drafter")
+    if not is_reference(ctx.backend):
+        expected = _reference_acceptance(ctx, target, portable, prompts, config)
+        _same_acceptance(f"{name} drafter", ctx.backend.acceptance(target, handed, prompts, config), expected)
+
+
+def with_attention(source: Path, out: Path, **fields) -> Path:
+    """A portable checkpoint re-saved with other layer-attention fields (layer_types, sliding_window, variant)."""
+    config, weights = load_drafter_files(source)
+    return save_drafter(out, DrafterConfig.model_validate({**config.model_dump(), **fields}), weights)
 
 
 def _with_variant(run: Callable[[CheckContext, object], None], variant) -> Callable[[CheckContext], None]:
@@ -481,8 +541,17 @@ def all_checks() -> list[Check]:
             "generate",
             "independent",
         ),
+        (
+            "layers",
+            "drafter {} (sliding window = block size; YaRN from 32 positions: the held-out prompts outrun both), "
+            "as the backend loads it: greedy speculative == the backend's non-speculative == the reference's; rounds "
+            "and accepted drafts per position == the reference's",
+            _layer_option,
+            "acceptance",
+            "independent",
+        ),
     ]
-    variants = {"e2e/sampled_tiny": (*VARIANT_KINDS, None), "import": UPSTREAM_LAYOUTS}  # else VARIANT_KINDS
+    variants = {"e2e/sampled_tiny": (*VARIANT_KINDS, None), "import": UPSTREAM_LAYOUTS, "layers": tuple(LAYER_OPTIONS)}
     for family, description, run, exercises, oracle in families:
         for variant in variants.get(family, VARIANT_KINDS):
             checks.append(

@@ -50,6 +50,13 @@ def within_block_mask(block_size: int, block_causal: bool, num_blocks: int = 1, 
     return torch.block_diag(*([within] * num_blocks)) if num_blocks > 1 else within
 
 
+def window_mask(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """[B, Q] query and [B, T] key positions -> [B, Q, T] bool: the key lies less than `window` positions behind
+    the query (HF, z-lab and vLLM sliding windows: q_pos - k_pos < window; keys ahead are cut by the caller's
+    context mask, never by the window)."""
+    return (query_positions[:, :, None] - key_positions[:, None, :]) < window
+
+
 def block_attention_mask(context_valid: torch.Tensor, block_size: int, block_causal: bool) -> torch.Tensor:
     """Mask for one block per request: context_valid [B, T] bool -> [B, 1, k, T+k] (causal or full in the block)."""
     within = within_block_mask(block_size, block_causal, device=context_valid.device)

@@ -146,7 +146,7 @@ class ReferenceBackend(DecoderBackend):
         k = block_ids.shape[-1]
         mask = context_valid[:, None, :].expand(-1, k, -1)
         with torch.no_grad():
-            return drafter.block_logits(block_ids, block_positions, context, mask).float()
+            return drafter.block_logits(block_ids, block_positions, context, mask, context_positions).float()
 
     def target_forward(self, target_dir, chain_ids, positions, layer_ids):
         target = TargetModel.load(target_dir)

@@ -12,10 +12,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from portable_spec.core.attention import BlockMask, within_block_mask
+from portable_spec.core.attention import BlockMask, window_mask, within_block_mask
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
-from portable_spec.core.drafter_layers import DrafterLayer, rotary_cos_sin
-from portable_spec.core.spec import DrafterConfig, SpecError
+from portable_spec.core.drafter_layers import DrafterLayer, rotary_cos_sin, rotary_frequencies
+from portable_spec.core.spec import DrafterConfig, LayerAttention, SpecError
 from portable_spec.core.variants import behaviour_of
 
 ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v), each [B, kv_heads, T, head_dim]
@@ -40,6 +40,7 @@ class Drafter(nn.Module):
             DrafterLayer(config, shift_mix=self.behaviour.shift_mix) for _ in range(config.num_hidden_layers)
         )
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary = rotary_frequencies(config)  # not a buffer: float32 whatever dtype the drafter is cast to
         if config.draft_vocab_size is not None:  # EAGLE-3 layout: target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
         self.shared: SharedTargetModules | None = None  # the target's modules, given by TargetModel.bind
@@ -89,7 +90,7 @@ class Drafter(nn.Module):
                 f"{self.config.target.hidden_size}); check target_layer_ids and the target's hidden_size"
             )
         fused = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
-        cos, sin = rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, fused.dtype)
+        cos, sin = rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, fused.dtype, self.rotary)
         return [layer.self_attn.project_kv(fused, cos, sin) for layer in self.layers]
 
     # -- blocks ----------------------------------------------------------------------------------
@@ -99,10 +100,12 @@ class Drafter(nn.Module):
         block_positions: torch.Tensor,  # [B, A, k]
         context: ContextKV,
         context_mask: torch.Tensor,  # [B, A*k, T] bool per block slot, or [B, T] for one block per request
+        context_positions: torch.Tensor | None = None,  # [B, T]; needed by sliding-window layers only
     ) -> torch.Tensor:  # [B, A, k, V]
         """Logits over the target vocabulary; with a draft vocabulary, -inf outside it (as vLLM's DFlash does), so
         argmax, sampling and every backend's comparison need no id mapping."""
-        logits = self.scored_logits(self.block_hidden(block_ids, block_positions, context, context_mask))
+        hidden = self.block_hidden(block_ids, block_positions, context, context_mask, context_positions)
+        logits = self.scored_logits(hidden)
         if self.config.draft_vocab_size is None:
             return logits
         ids, _ = self._draft_head()
@@ -115,25 +118,25 @@ class Drafter(nn.Module):
         block_positions: torch.Tensor,  # [B, A, k]
         context: ContextKV,
         context_mask: torch.Tensor,  # [B, A*k, T] bool per block slot, or [B, T] for one block per request
+        context_positions: torch.Tensor | None = None,  # [B, T]; needed by sliding-window layers only
     ) -> torch.Tensor:  # [B, A, k, H], after the final norm
         """A [B, T] context mask (decoding: one block per request, every slot sees the same context) takes the
-        dispatched attention (the Triton kernel on CUDA); a per-slot mask (training's packed blocks) the dense one."""
+        dispatched attention (the Triton kernel on CUDA) in full-attention layers; a per-slot mask (training's
+        packed blocks, or a sliding window) the dense one."""
         if self.shared is None:
             raise SpecError("drafter is not bound to a target; load it with target.load_drafter(dir)")
         b, a, k = block_ids.shape
         h = self.shared.embed_tokens(block_ids).to(self.fc.weight.dtype)
-        cos, sin = rotary_cos_sin(
-            block_positions.reshape(b, a * k), self.config.head_dim, self.config.rope_theta, h.dtype
-        )
-        if context_mask.dim() == 2:
-            if a != 1:
-                raise ValueError(f"a [B, T] context mask serves one block per request, got {a} blocks per row")
-            mask = BlockMask(context_valid=context_mask, block_causal=self.behaviour.block_causal)
-        else:
-            block_mask = within_block_mask(k, self.behaviour.block_causal, a, h.device)  # [A*k, A*k]
-            mask = BlockMask(dense=torch.cat((context_mask, block_mask.expand(b, -1, -1)), dim=-1)[:, None])
-        for layer, (context_k, context_v) in zip(self.layers, context):
-            h = layer(h, cos, sin, context_k, context_v, mask)
+        flat_positions = block_positions.reshape(b, a * k)
+        cos, sin = rotary_cos_sin(flat_positions, self.config.head_dim, self.config.rope_theta, h.dtype, self.rotary)
+        if context_mask.dim() == 2 and a != 1:
+            raise ValueError(f"a [B, T] context mask serves one block per request, got {a} blocks per row")
+        masks: dict[LayerAttention, BlockMask] = {}
+        for index, (layer, (context_k, context_v)) in enumerate(zip(self.layers, context)):
+            attention = self.config.layer_attention(index)
+            if attention not in masks:
+                masks[attention] = _layer_mask(attention, context_mask, flat_positions, context_positions, k, a)
+            h = layer(h, cos, sin, context_k, context_v, masks[attention])
         return self.norm(h)
 
     def prediction_slot(self, offset: int) -> int:
@@ -148,28 +151,54 @@ class Drafter(nn.Module):
         anchor_tokens: torch.Tensor,  # [B]: last verified token, at position anchor_positions
         anchor_positions: torch.Tensor,  # [B]
         num_drafts: int,  # checked once per generate call (decode.py), not every round
+        context_positions: torch.Tensor | None = None,  # [B, T]; needed by sliding-window layers only
     ) -> torch.Tensor:  # draft_tokens [B, num_drafts], greedy
-        return self.propose_scored(context, context_valid, anchor_tokens, anchor_positions, num_drafts)[0]
+        return self.propose_scored(
+            context, context_valid, anchor_tokens, anchor_positions, num_drafts, context_positions
+        )[0]
 
     @torch.no_grad()
-    def propose_scored(self, context, context_valid, anchor_tokens, anchor_positions, num_drafts):
+    def propose_scored(
+        self, context, context_valid, anchor_tokens, anchor_positions, num_drafts, context_positions=None
+    ):
         """Greedy drafts [B, n] and the drafter's own probability of each [B, n] (for confidence-cut rounds)."""
-        # A bidirectional block needs every trained slot (slots see later ones); a causal block is exact when cut.
-        width = num_drafts + 1 if self.behaviour.cuttable else self.config.block_size
+        # A block with bidirectional layers needs every trained slot (slots see later ones); a causal one is exact
+        # when cut.
+        width = num_drafts + 1 if self.config.block_causal else self.config.block_size
 
         def run(block):
-            return self._single_block(block, anchor_positions, context, context_valid)
+            k = block.shape[-1]
+            positions = anchor_positions[:, None, None] + torch.arange(k, device=block.device)
+            return self.block_logits(block, positions, context, context_valid, context_positions)
 
         return greedy_drafts(run, self.config, anchor_tokens, num_drafts, width)
-
-    def _single_block(self, block_ids, anchor_positions, context, context_valid):
-        k = block_ids.shape[-1]
-        positions = anchor_positions[:, None, None] + torch.arange(k, device=block_ids.device)
-        return self.block_logits(block_ids, positions, context, context_valid)
 
     # -- persistence -----------------------------------------------------------------------------
     def save(self, out_dir: Path, force: bool = False, owner: str | None = None) -> Path:
         return save_drafter(out_dir, self.config, self.state_dict(), force=force, owner=owner)
+
+
+def _layer_mask(
+    attention: LayerAttention,
+    context_mask: torch.Tensor,  # [B, T] or [B, A*k, T]
+    query_positions: torch.Tensor,  # [B, A*k]
+    context_positions: torch.Tensor | None,  # [B, T]
+    block_size: int,
+    num_blocks: int,
+) -> BlockMask:
+    """One layer's BlockMask: the one-block form (the dispatched kernel) for a full-attention layer decoding, else
+    the dense [B, 1, A*k, T + A*k] mask with the layer's window cut into the context part. Slots of one block are
+    never windowed apart (DrafterConfig requires sliding_window >= block_size)."""
+    if context_mask.dim() == 2 and attention.window is None:
+        return BlockMask(context_valid=context_mask, block_causal=attention.block_causal)
+    if context_mask.dim() == 2:
+        context_mask = context_mask[:, None, :].expand(-1, query_positions.shape[1], -1)
+    if attention.window is not None:
+        if context_positions is None:
+            raise ValueError("a sliding-window layer needs the context's positions (context_positions [B, T])")
+        context_mask = context_mask & window_mask(query_positions, context_positions, attention.window)
+    within = within_block_mask(block_size, attention.block_causal, num_blocks, context_mask.device)
+    return BlockMask(dense=torch.cat((context_mask, within.expand(context_mask.shape[0], -1, -1)), dim=-1)[:, None])
 
 
 def target_ids_of(d2t: torch.Tensor) -> torch.Tensor:

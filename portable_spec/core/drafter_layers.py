@@ -8,15 +8,51 @@ from torch import nn
 
 from portable_spec.core.attention import BlockMask, injected_attention
 from portable_spec.core.dispatch import attention_op
-from portable_spec.core.spec import DrafterConfig
+from portable_spec.core.spec import MAX_POSITION_EMBEDDINGS, DrafterConfig
 
 
-def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos/sin tables for `positions` [B, T] -> each [B, 1, T, head_dim] (HF default rope layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+def rotary_frequencies(config: DrafterConfig) -> tuple[torch.Tensor | None, float]:
+    """(inverse frequencies [head_dim/2] on the CPU, cos/sin scale) for a YaRN-scaled rotary, computed by
+    transformers' own `_compute_yarn_parameters` (what HF Qwen3 runs); (None, 1.0) for plain rotary, whose
+    frequencies rotary_cos_sin computes on the positions' device."""
+    if config.rope_scaling is None:
+        return None, 1.0
+    from transformers import Qwen3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = Qwen3Config(
+        hidden_size=config.hidden_size,
+        num_attention_heads=config.num_attention_heads,
+        head_dim=config.head_dim,
+        max_position_embeddings=MAX_POSITION_EMBEDDINGS,
+        rope_parameters=config.rope_parameters(),
+    )
+    with torch.device("cpu"):  # also when the drafter is built on the meta device (expected_weight_shapes)
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[config.rope_scaling.rope_type](hf, torch.device("cpu"))
+    return inv_freq.to(torch.float32), float(scale)
+
+
+def rotary_cos_sin(
+    positions: torch.Tensor,
+    head_dim: int,
+    theta: float,
+    dtype: torch.dtype,
+    frequencies: tuple[torch.Tensor | None, float] = (None, 1.0),
+):
+    """cos/sin tables for `positions` [B, T] -> each [B, 1, T, head_dim] (HF rope layout); `frequencies` from
+    rotary_frequencies for a scaled rotary."""
+    inv_freq, scale = frequencies
+    if inv_freq is None:
+        inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+        )
+    else:
+        inv_freq = inv_freq.to(positions.device)
     angles = positions.to(torch.float32)[..., None] * inv_freq  # [B, T, head_dim/2]
     angles = torch.cat((angles, angles), dim=-1)[:, None]
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    if scale == 1.0:
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+    return (angles.cos() * scale).to(dtype), (angles.sin() * scale).to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -7,12 +7,13 @@ A proposer keeps per-request drafter context in an opaque state whose slots mirr
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from portable_spec.core.decode_matmul import decode_shaped_linears
-from portable_spec.core.drafter import Drafter
+from portable_spec.core.drafter import ContextKV, Drafter
 from portable_spec.core.spec import DrafterConfig
 
 
@@ -58,6 +59,15 @@ class DraftProposer(Protocol):
     # for the decode-shaped CPU matmul layout); a proposer without it runs as it is.
 
 
+@dataclass
+class TorchContext:
+    """The torch proposer's state: per-layer injected (k, v) and the positions of their slots (sliding windows
+    are cut by position: slots hold holes where drafts were rejected)."""
+
+    kv: ContextKV
+    positions: torch.Tensor  # [B, S]
+
+
 class TorchProposer:
     """The reference proposer: the torch drafter with its injected context KV cached per layer."""
 
@@ -65,21 +75,24 @@ class TorchProposer:
         self.drafter = drafter
         self.config = drafter.config
 
-    def begin(self, features, positions):
-        return self.drafter.context_kv(features, positions)
+    def begin(self, features, positions) -> TorchContext:
+        return TorchContext(self.drafter.context_kv(features, positions), positions)
 
-    def extend(self, state, features, positions):
+    def extend(self, state: TorchContext, features, positions) -> TorchContext:
         new = self.drafter.context_kv(features, positions)
-        return [(torch.cat((k, nk), dim=2), torch.cat((v, nv), dim=2)) for (k, v), (nk, nv) in zip(state, new)]
+        kv = [(torch.cat((k, nk), dim=2), torch.cat((v, nv), dim=2)) for (k, v), (nk, nv) in zip(state.kv, new)]
+        return TorchContext(kv, torch.cat((state.positions, positions), dim=1))
 
-    def crop(self, state, length):
-        return [(k[:, :, :length], v[:, :, :length]) for k, v in state]
+    def crop(self, state: TorchContext, length: int) -> TorchContext:
+        return TorchContext([(k[:, :, :length], v[:, :, :length]) for k, v in state.kv], state.positions[:, :length])
 
-    def propose(self, state, valid, anchor_tokens, anchor_positions, num_drafts):
-        return self.drafter.propose(state, valid, anchor_tokens, anchor_positions, num_drafts)
+    def propose(self, state: TorchContext, valid, anchor_tokens, anchor_positions, num_drafts):
+        return self.drafter.propose(state.kv, valid, anchor_tokens, anchor_positions, num_drafts, state.positions)
 
-    def propose_scored(self, state, valid, anchor_tokens, anchor_positions, num_drafts):
-        return self.drafter.propose_scored(state, valid, anchor_tokens, anchor_positions, num_drafts)
+    def propose_scored(self, state: TorchContext, valid, anchor_tokens, anchor_positions, num_drafts):
+        return self.drafter.propose_scored(
+            state.kv, valid, anchor_tokens, anchor_positions, num_drafts, state.positions
+        )
 
     def passes_per_round(self, num_drafts: int) -> int:
         return num_drafts if self.drafter.behaviour.autoregressive else 1

@@ -18,6 +18,7 @@ from portable_spec.core.errors import validation_line
 
 FORMAT_VERSION = 1
 MAX_BLOCK_SIZE = 64
+MAX_POSITION_EMBEDDINGS = 32768  # written for engines that size rotary tables from it
 
 
 class SpecError(ValueError):
@@ -28,7 +29,8 @@ class SpecError(ValueError):
 class VariantBehaviour:
     """What distinguishes the drafter kinds; everything else is one code path.
 
-    block_causal: slot j attends only to slots <= j (else the whole block sees itself, as DFlash).
+    block_causal: slot j attends only to slots <= j in every layer (the parallel kind chooses per config:
+      DrafterConfig.layer_attention).
     shift_mix: before each layer, slot j mixes in slot j-1's state: h_j <- W[h_j; h_{j-1}].
     autoregressive: one pass per draft token on real (drafted) tokens; slot j predicts token j+1.
       Otherwise slots hold [anchor, MASK...] and slot j predicts the token j places after the anchor.
@@ -44,12 +46,6 @@ class VariantBehaviour:
         return not self.autoregressive
 
     @property
-    def cuttable(self) -> bool:
-        """A block of any length <= block_size drafts exactly the prefix of the full block (causal in the block);
-        otherwise the drafter must run the whole block it was trained on."""
-        return self.block_causal
-
-    @property
     def engine_native(self) -> bool:
         """Exactly DFlash's drafter, so an engine's own DFlash model class runs it unchanged."""
         return self.single_pass and not self.block_causal and not self.shift_mix
@@ -59,12 +55,21 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+BLOCK_ATTENTION = ("bidirectional", "causal", "causal_in_sliding_layers")
+
+
 class ParallelVariant(_Strict):
-    """DFlash-style: one pass over [anchor, MASK...]; block slots attend to each other bidirectionally."""
+    """DFlash-style: one pass over [anchor, MASK...], no shift-mix. The block slots attend to each other
+    bidirectionally (DFlash), or causally in every layer (upstream `is_causal: true`; speculators' trainer default,
+    whose layers all slide), or causally in the sliding-window layers only (how z-lab's model.py and vLLM read a
+    config with sliding layers and no `is_causal`)."""
 
     kind: Literal["parallel"] = "parallel"
     engine_architecture: ClassVar[str] = "DFlashDraftModel"  # native in vLLM, SGLang, TensorRT-LLM >= 1.3
     behaviour: ClassVar[VariantBehaviour] = VariantBehaviour(block_causal=False, shift_mix=False, autoregressive=False)
+    block_attention: Literal[BLOCK_ATTENTION] = Field(
+        "bidirectional", description="How block slots see each other: " + " | ".join(BLOCK_ATTENTION) + "."
+    )
 
 
 class DepthCausalVariant(_Strict):
@@ -105,6 +110,70 @@ class TargetBinding(_Strict):
     )
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+class YarnScaling(_Strict):
+    """YaRN rotary scaling as transformers' Qwen3 (`_compute_yarn_parameters`), vLLM and SGLang compute it:
+    frequencies blended between interpolated (/ factor) and extrapolated ones over the correction range set by
+    beta_fast/beta_slow at original_max_position_embeddings, cos/sin scaled by attention_factor (default
+    0.1 ln(factor) + 1)."""
+
+    rope_type: Literal["yarn"] = "yarn"
+    factor: float = Field(gt=0, allow_inf_nan=False, description="Context extension factor.")
+    original_max_position_embeddings: int = Field(gt=0, description="Context length the rotary was trained at.")
+    beta_fast: float = Field(32.0, gt=0, allow_inf_nan=False)
+    beta_slow: float = Field(1.0, gt=0, allow_inf_nan=False)
+    attention_factor: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="cos/sin scale; None: 0.1 ln(factor) + 1."
+    )
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """What one drafter layer's block queries see: every context position (window None) or only those less than
+    `window` positions behind the query's own (HF/vLLM sliding windows: q_pos - k_pos < window), and, inside the
+    block, only earlier slots (block_causal) or every slot."""
+
+    window: int | None
+    block_causal: bool
+
+
+def layer_attention_problem(
+    layer_types: list[str] | None,
+    sliding_window: int | None,
+    num_hidden_layers: int,
+    block_size: int,
+    block_attention: str | None = None,
+) -> str | None:
+    """What is wrong with a drafter's sliding layers, or None: the rules of DrafterConfig, also what the importer
+    checks before a target loads."""
+    if layer_types is not None and len(layer_types) != num_hidden_layers:
+        return (
+            f"layer_types has {len(layer_types)} entries but num_hidden_layers={num_hidden_layers}; "
+            "give one per drafter layer"
+        )
+    sliding = layer_types is not None and "sliding_attention" in layer_types
+    if sliding and sliding_window is None:
+        return "layer_types has sliding_attention layers but no sliding_window; set the window size"
+    if not sliding and sliding_window is not None:
+        return (
+            f"sliding_window={sliding_window} but no layer is sliding_attention; drop sliding_window, or list the "
+            "sliding layers in layer_types"
+        )
+    if sliding and sliding_window < block_size:
+        return (
+            f"sliding_window={sliding_window} is smaller than block_size={block_size}; a window must hold the whole "
+            "block (engines disagree on windows inside the block)"
+        )
+    if block_attention == "causal_in_sliding_layers" and not sliding:
+        return (
+            "variant.block_attention=causal_in_sliding_layers needs sliding_attention layers in layer_types; use "
+            "bidirectional or causal"
+        )
+    return None
+
+
 class DrafterConfig(_Strict):
     """Everything needed to rebuild the drafter; `model.safetensors` holds only drafter-owned weights."""
 
@@ -121,6 +190,7 @@ class DrafterConfig(_Strict):
     intermediate_size: int = Field(gt=0, description="SwiGLU MLP width.")
     rms_norm_eps: float = Field(1e-6, gt=0, allow_inf_nan=False, description="RMSNorm epsilon.")
     rope_theta: float = Field(10000.0, gt=0, allow_inf_nan=False, description="Rotary base.")
+    rope_scaling: YarnScaling | None = Field(None, description="Rotary scaling: YaRN, or None (plain rotary).")
     vocab_size: int = Field(gt=0, description="Vocabulary size; must equal the target's.")
     mask_token_id: int = Field(ge=0, description="Token id filling the draft slots of a block.")
     draft_vocab_size: int | None = Field(
@@ -133,6 +203,23 @@ class DrafterConfig(_Strict):
         min_length=1, description="Target layers whose OUTPUT is fused (HF output_hidden_states[i + 1])."
     )
     target: TargetBinding = Field(description="The target this drafter was trained for.")
+    layer_types: list[Literal[LAYER_TYPES]] | None = Field(
+        None,
+        description="Per drafter layer: full_attention (every context position) or sliding_attention (the last "
+        "`sliding_window` positions); omitted: all full.",
+    )
+    sliding_window: int | None = Field(
+        None, ge=1, description="Window of the sliding_attention layers, in positions; set iff any layer slides."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _canonical_layer_types(cls, data: Any) -> Any:
+        """All-full layer_types is the default, stored as omitted, so one drafter has one config."""
+        if isinstance(data, dict) and isinstance(data.get("layer_types"), list):
+            if all(kind == "full_attention" for kind in data["layer_types"]):
+                data = {key: value for key, value in data.items() if key != "layer_types"}
+        return data
 
     @model_validator(mode="after")
     def _check_consistency(self) -> "DrafterConfig":
@@ -163,6 +250,7 @@ class DrafterConfig(_Strict):
                 f"hidden_size={self.hidden_size} differs from target.hidden_size={self.target.hidden_size}; "
                 "the drafter shares the target's embedding, so they must be equal"
             )
+        self._check_layer_attention()
         ids = self.target_layer_ids
         if sorted(set(ids)) != ids:
             raise ValueError(f"target_layer_ids={ids} must be strictly increasing with no repeats")
@@ -175,9 +263,41 @@ class DrafterConfig(_Strict):
             )
         return self
 
+    def _check_layer_attention(self) -> None:
+        problem = layer_attention_problem(
+            self.layer_types,
+            self.sliding_window,
+            self.num_hidden_layers,
+            self.block_size,
+            getattr(self.variant, "block_attention", None),
+        )
+        if problem:
+            raise ValueError(problem)
+
     @property
     def kind(self) -> str:
         return self.variant.kind
+
+    def layer_attention(self, layer: int) -> LayerAttention:
+        """The one rule for what layer `layer`'s block queries see (the reference, ONNX graph and engine configs all
+        follow it)."""
+        sliding = self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
+        mode = getattr(self.variant, "block_attention", None)
+        if mode is None:  # depth_causal, autoregressive: causal by kind
+            causal = self.variant.behaviour.block_causal
+        else:
+            causal = mode == "causal" or (mode == "causal_in_sliding_layers" and sliding)
+        return LayerAttention(self.sliding_window if sliding else None, causal)
+
+    @property
+    def block_causal(self) -> bool:
+        """Every layer causal inside the block: then a block of any length <= block_size drafts exactly the
+        prefix of the full block (cuttable); otherwise the drafter must run the whole block it was trained on."""
+        return all(self.layer_attention(i).block_causal for i in range(self.num_hidden_layers))
+
+    @property
+    def has_windows(self) -> bool:
+        return self.sliding_window is not None
 
     @property
     def scored_vocab_size(self) -> int:
@@ -198,9 +318,11 @@ class DrafterConfig(_Strict):
             "hidden_act": "silu",
             "attention_bias": False,
             "tie_word_embeddings": False,
-            "max_position_embeddings": 32768,
-            "is_causal": self.variant.behaviour.block_causal,
-            "layer_types": ["full_attention"] * self.num_hidden_layers,
+            "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+            "rope_parameters": self.rope_parameters(),
+            # all layers causal / none / per layer from layer_types (null: how z-lab and vLLM then resolve it)
+            "is_causal": self._engine_is_causal(),
+            "use_sliding_window": self.has_windows,  # transformers' Qwen3Config drops sliding_window without it
             "num_target_layers": self.target.num_hidden_layers,
             "dflash_config": {
                 "block_size": self.block_size,
@@ -210,9 +332,26 @@ class DrafterConfig(_Strict):
             },
         }
 
+    def rope_parameters(self) -> dict[str, Any]:
+        """transformers' `rope_parameters` (what Qwen3Config, vLLM's get_rope and SGLang read)."""
+        scaling = self.rope_scaling.model_dump(exclude_none=True) if self.rope_scaling else {"rope_type": "default"}
+        return {**scaling, "rope_theta": self.rope_theta}
+
+    def _engine_is_causal(self) -> bool | None:
+        causal = {self.layer_attention(i).block_causal for i in range(self.num_hidden_layers)}
+        return causal.pop() if len(causal) == 1 else None
+
+    def engine_layer_types(self) -> list[str]:
+        return list(self.layer_types or ["full_attention"] * self.num_hidden_layers)
+
     def to_json_dict(self) -> dict[str, Any]:
-        """What config.json holds: our fields, then the derived engine keys."""
-        return {**self.model_dump(mode="json", exclude_none=True), **self.engine_fields()}
+        """What config.json holds: our fields, then the derived engine keys (layer_types always written: engines
+        read it)."""
+        return {
+            **self.model_dump(mode="json", exclude_none=True),
+            "layer_types": self.engine_layer_types(),
+            **self.engine_fields(),
+        }
 
     def check_num_draft_tokens(self, num_draft_tokens: int) -> None:
         """A block of size k proposes at most k-1 tokens; more would run the drafter off its training."""
@@ -249,8 +388,9 @@ ENGINE_KEYS = (
     "attention_bias",
     "tie_word_embeddings",
     "max_position_embeddings",
+    "rope_parameters",
     "is_causal",
-    "layer_types",
+    "use_sliding_window",
     "num_target_layers",
     "dflash_config",
 )

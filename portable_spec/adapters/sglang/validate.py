@@ -17,7 +17,6 @@ from portable_spec.core.binding import check_target_matches, target_fingerprint
 from portable_spec.core.checkpoint import WEIGHTS_FILE
 from portable_spec.core.drafter import check_weight_shapes
 from portable_spec.core.spec import DepthCausalVariant, DrafterConfig, SpecError
-from portable_spec.core.variants import behaviour_of
 
 SUPPORTED_SGLANG_VERSIONS = ("0.5.23",)
 ALGORITHM = "DFLASH"  # the SGLang algorithm that serves portable-spec drafters
@@ -106,7 +105,7 @@ def check_speculative_options(
         if width is None:
             continue
         width = int(width)
-        if not behaviour_of(config.kind).cuttable and width != config.block_size:
+        if not config.block_causal and width != config.block_size:
             raise SpecError(
                 f"{source}: {flag} {width} runs a {width}-slot block, but this {config.kind} drafter attends "
                 f"bidirectionally across its whole {config.block_size}-slot block, so a different block is not "

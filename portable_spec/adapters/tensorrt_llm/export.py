@@ -38,7 +38,7 @@ from portable_spec.adapters.shared_validate import refuse_reduced_vocabulary
 from portable_spec.adapters.tensorrt_llm.depth_causal import SHIFT_MIX_WEIGHT
 from portable_spec.core.drafter import Drafter
 from portable_spec.core.outputs import check_output_dir, write_dir_atomically
-from portable_spec.core.spec import SpecError, read_config
+from portable_spec.core.spec import DrafterConfig, SpecError, read_config
 from portable_spec.core.target import TargetModel
 from portable_spec.core.variants import behaviour_of
 
@@ -104,7 +104,8 @@ def installed_trtllm_version() -> str | None:
     return None
 
 
-def _dflash_unsupported(kind: str, version: str) -> str | None:
+def _dflash_unsupported(config: DrafterConfig, version: str) -> str | None:
+    kind = config.kind
     if parse_version(version) < DFLASH_MIN_VERSION:
         return (
             f"TensorRT-LLM {version} has no DFlash mode (DFlashDecodingConfig arrived in 1.3; 1.2.x has only "
@@ -123,20 +124,30 @@ def _dflash_unsupported(kind: str, version: str) -> str | None:
             f"builder (causal block + shift-mix), which needs TensorRT-LLM >= {needed} (the draft-model builder "
             f"registry); found {version}"
         )
+    if behaviour.engine_native and any(config.layer_attention(i).block_causal for i in range(config.num_hidden_layers)):
+        return (
+            f"variant.block_attention={config.variant.block_attention}: TensorRT-LLM's DFlash drafter runs the block "
+            "bidirectionally in every layer (modeling_dflash.py: generic DFlash keeps `_sliding_layers_causal` off)"
+        )
+    if not behaviour.engine_native and config.has_windows:
+        return (
+            f"layer_types={config.layer_types}: the depth_causal builder (plugin.py) is mirrored without sliding "
+            "windows, so windowed depth_causal drafters are not exported to TensorRT-LLM's DFlash mode"
+        )
     return None
 
 
-def _onnx_unsupported(kind: str, version: str) -> str | None:
+def _onnx_unsupported(config: DrafterConfig, version: str) -> str | None:
     parse_version(version)
     return None
 
 
-def resolve_route(kind: str, request: ExportRequest) -> str:
+def resolve_route(config: DrafterConfig, request: ExportRequest) -> str:
     """auto = dflash when it can express the drafter; the ONNX route is only taken when asked for."""
     if request.route not in ("auto", *ROUTES):
         raise SpecError(f"route={request.route!r} is unknown; valid options: auto, {', '.join(ROUTES)}")
     name = "dflash" if request.route == "auto" else request.route
-    reason = ROUTES[name].unsupported(kind, request.trtllm_version)
+    reason = ROUTES[name].unsupported(config, request.trtllm_version)
     if reason:
         raise SpecError(
             f"route={name}: {reason}. Fix: export a parallel drafter (TensorRT-LLM >= 1.3) or a depth_causal one "
@@ -180,7 +191,7 @@ def dflash_hf_config(target: TargetModel, drafter: Drafter, dtype: str) -> dict:
         "head_dim": c.head_dim,
         "rms_norm_eps": c.rms_norm_eps,
         "rope_theta": c.rope_theta,
-        "rope_scaling": None,
+        "rope_parameters": c.rope_parameters(),  # YaRN included: TensorRT-LLM's RotaryEmbedding reads HF's keys
         "hidden_act": "silu",
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -188,11 +199,11 @@ def dflash_hf_config(target: TargetModel, drafter: Drafter, dtype: str) -> dict:
         "max_position_embeddings": int(t.max_position_embeddings),
         "tie_word_embeddings": False,
         "torch_dtype": dtype,
-        "use_sliding_window": False,
-        "sliding_window": None,
+        "use_sliding_window": c.has_windows,
+        "sliding_window": c.sliding_window,
         "max_window_layers": c.num_hidden_layers,
-        "layer_types": ["full_attention"] * c.num_hidden_layers,
-        "is_causal": drafter.behaviour.block_causal,
+        "layer_types": c.engine_layer_types(),
+        "is_causal": c.block_causal,
         "block_size": c.block_size,
         "num_target_layers": c.target.num_hidden_layers,
         "dflash_config": {
@@ -200,6 +211,8 @@ def dflash_hf_config(target: TargetModel, drafter: Drafter, dtype: str) -> dict:
             "target_layer_ids": list(c.target_layer_ids),
             "block_size": c.block_size,
             "num_target_layers": c.target.num_hidden_layers,
+            # TensorRT-LLM windows the layer_types' sliding layers only with these (modeling_dflash.py)
+            **({"use_swa": True, "swa_window_size": c.sliding_window} if c.has_windows else {}),
         },
         "portable_spec": {
             "variant": c.kind,
@@ -303,9 +316,9 @@ ROUTES: dict[str, Route] = {
 
 
 # -- entry points -------------------------------------------------------------------------------------
-def check_request(kind: str, block_size: int, request: ExportRequest, requested_block_size=None) -> tuple[str, int]:
+def check_request(config: DrafterConfig, request: ExportRequest) -> tuple[str, int]:
     """Every user-input check that needs no model: route, version, dtype, opset, block size, draft count."""
-    route = resolve_route(kind, request)
+    route, block_size = resolve_route(config, request), config.block_size
     if request.dtype not in DTYPES:
         raise SpecError(f"dtype={request.dtype!r} is unknown; valid options: {', '.join(DTYPES)}")
     if route == "onnx":
@@ -329,7 +342,7 @@ def export_for_trtllm(
     """Write out_dir atomically: the route's files + trtllm.json (route, version, speculative_config, build)."""
     config = drafter.config
     check_block_size(block_size, config)
-    route, num_drafts = check_request(config.kind, config.block_size, request)
+    route, num_drafts = check_request(config, request)
     target.require_bound(drafter)
     out_dir = Path(out_dir)
 
@@ -362,7 +375,7 @@ def export_trtllm(
     """`portable-spec export trtllm`: checks that need only config.json first, then load and write."""
     config = read_config(Path(drafter_dir))
     check_block_size(block_size, config)
-    check_request(config.kind, config.block_size, request)
+    check_request(config, request)
     check_output_dir(Path(out_dir), "trtllm-export", inputs=(drafter_dir, target_dir), force=force)  # before loading
     target = TargetModel.load(target_dir)
     return export_for_trtllm(target, target.load_drafter(drafter_dir), out_dir, request, block_size, force)

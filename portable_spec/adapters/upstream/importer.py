@@ -74,7 +74,11 @@ def import_drafter(
             f"{layers} layers; import it for the target it was trained for"
         )
     config = parse_config(
-        {"variant": {"kind": "parallel"}, **upstream.fields, "target": target.binding(upstream.verifier)},
+        {
+            "variant": {"kind": "parallel", "block_attention": upstream.block_attention},
+            **upstream.fields,
+            "target": target.binding(upstream.verifier),
+        },
         f"{source} ({upstream.layout} layout)",
     )
     check_weight_shapes(config, {name: tuple(t.shape) for name, t in upstream.weights.items()}, str(source))

@@ -13,8 +13,9 @@ Three layouts, from their public source:
 
 All three hold the same weights under the same names (`fc`, `hidden_norm`, `layers.*`, `norm`); the target-side
 tensors some of them ship (`embed_tokens`, `lm_head`, `t2d`, speculators' frozen `verifier_*` copies) are set aside
-for the importer to check against the target. Whatever has no portable equivalent (sliding windows, causal or
-DFlash2 blocks, logit scales, fused-layer variants, pickled files) is refused by name.
+for the importer to check against the target. Sliding-window layers and causal blocks are read as the upstream code
+reads them (`attention_fields`); whatever has no portable equivalent (DFlash2 blocks, logit scales, fused-layer
+variants, pickled files) is refused by name.
 """
 
 from __future__ import annotations
@@ -28,9 +29,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from portable_spec.core.checkpoint import check_weight_values
-from portable_spec.core.spec import SpecError, is_drafter_config, read_json_object
+from portable_spec.core.spec import (
+    LAYER_TYPES,
+    SpecError,
+    is_drafter_config,
+    layer_attention_problem,
+    read_json_object,
+)
 
-LAYOUTS = ("zlab", "specforge", "speculators")
+LAYOUTS = ("dflash", "speculators")
+LAYOUT_ALIASES = {"zlab": "dflash", "specforge": "dflash"}  # one layout: both write a DFlashDraftModel's Qwen3 config
 TARGET_SIDE = ("embed_tokens.weight", "lm_head.weight", "t2d", "verifier_norm.weight", "verifier_lm_head.weight")
 PICKLES = ("pytorch_model.bin", "mask_embedding.pt", "model.pt", "training_args.bin")
 
@@ -44,8 +52,6 @@ NEUTRAL = {
     "attention_value_scale": (None, 1, 1.0),
     "sample_from_anchor": (False,),
     "use_swa": (False,),
-    "causal": (None, False),
-    "is_causal": (None, False),
     "projector_type": (None, "dflash"),
     "fusion_mode": (None,),
     "heterogeneous_kv": (False,),
@@ -58,11 +64,14 @@ NEUTRAL = {
     "conv_group_size": (None,),
     "selector_rank": (None,),
     "selector_top_k": (None,),
-    "rope_scaling": (None,),
     "is_neox_style": (None, True),  # rotary as the halves of each head (Qwen3's); the interleaved form is not run
-    "use_sliding_window": (None, False),  # transformers derives sliding layers from it when layer_types is absent
 }
-DFLASH_CONFIG_KEYS = {"target_layer_ids", "mask_token_id", "block_size", "num_target_layers", "target_hidden_size"}
+DFLASH_CONFIG_KEYS = {
+    "target_layer_ids", "mask_token_id", "block_size", "num_target_layers", "target_hidden_size", "causal",
+}  # fmt: skip
+
+# transformers' Qwen3Config defaults, which decide a config's sliding layers when it leaves these keys out
+QWEN3_SLIDING_WINDOW, QWEN3_MAX_WINDOW_LAYERS = 4096, 28
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,7 @@ class UpstreamDrafter:
     target_side: dict[str, torch.Tensor]  # tensors the target owns, for the importer to check
     num_target_layers: int | None  # what the checkpoint says its target has, if it says
     verifier: str | None = None  # the target the checkpoint names, if any
+    block_attention: str = "bidirectional"  # the parallel kind's block attention (spec.ParallelVariant)
 
 
 def _refuse(source: str, key: str, value, fix: str) -> SpecError:
@@ -103,10 +113,16 @@ KEY_TYPES = {
         ),
         (_whole, "a whole number"),
     ),
-    **dict.fromkeys(("num_key_value_heads", "head_dim"), (_whole, "a whole number")),
+    **dict.fromkeys(
+        ("num_key_value_heads", "head_dim", "sliding_window", "max_window_layers"), (_whole, "a whole number")
+    ),
+    **dict.fromkeys(
+        ("use_sliding_window", "is_causal", "causal", "sliding_window_non_causal"),
+        (lambda v: isinstance(v, bool), "true or false"),
+    ),
     **dict.fromkeys(("rope_theta", "rms_norm_eps"), (_number, "a number")),
     **dict.fromkeys(
-        ("dflash_config", "transformer_layer_config", "speculators_config", "rope_parameters"),
+        ("dflash_config", "transformer_layer_config", "speculators_config", "rope_parameters", "rope_scaling"),
         (lambda v: isinstance(v, dict), "an object"),
     ),
     "verifier": (lambda v: isinstance(v, dict), "an object"),
@@ -154,20 +170,16 @@ def layer_fields(values: dict, source: str, prefix: str = "") -> dict:
         raise _refuse(source, prefix + "hidden_act", values["hidden_act"], "is not silu (the drafter's SwiGLU MLP)")
     if values.get("attention_bias"):
         raise _refuse(source, prefix + "attention_bias", True, "is not supported (portable layers have no biases)")
-    layer_types = values.get("layer_types") or []
-    if any(kind != "full_attention" for kind in layer_types):
-        raise _refuse(
-            source, prefix + "layer_types", layer_types, "has sliding-window layers; portable drafters attend fully"
-        )
     _check_neutral(values, source, prefix)
     rope = values.get("rope_parameters") or {}
-    if rope.get("rope_type", "default") != "default":
-        raise _refuse(source, prefix + "rope_parameters.rope_type", rope["rope_type"], "is not default rotary")
     rope_theta = next((v for v in (values.get("rope_theta"), rope.get("rope_theta")) if v is not None), 10000.0)
     hidden = _required(values, "hidden_size", source, prefix)
     heads = _required(values, "num_attention_heads", source, prefix)
+    num_layers = _required(values, "num_hidden_layers", source, prefix)
     return {
-        "num_hidden_layers": _required(values, "num_hidden_layers", source, prefix),
+        "num_hidden_layers": num_layers,
+        **rope_scaling(values, source, prefix),
+        **sliding_layers(values, num_layers, source, prefix),
         "hidden_size": hidden,
         "num_attention_heads": heads,
         "num_key_value_heads": values.get("num_key_value_heads") or heads,
@@ -179,8 +191,92 @@ def layer_fields(values: dict, source: str, prefix: str = "") -> dict:
     }
 
 
-def _hf_dflash(data: dict, source: str) -> tuple[str, dict, int | None]:
-    """z-lab / SpecForge: (layout, fields, num_target_layers)."""
+YARN_KEYS = {"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor"}
+YARN_NEUTRAL = {
+    "rope_type": None,
+    "type": None,
+    "rope_theta": None,
+    "truncate": (True,),
+    "partial_rotary_factor": (1, 1.0),
+}
+
+
+def rope_scaling(values: dict, source: str, prefix: str = "") -> dict:
+    """A YaRN `rope_scaling` field from transformers' `rope_parameters` (or the legacy `rope_scaling` key), as
+    `_compute_yarn_parameters` reads it (a missing factor is max_position_embeddings / the original length); plain
+    rotary gives no field; any other rotary type, or YaRN keys the portable drafter does not compute (mscale,
+    mscale_all_dim, an untruncated range, partial rotary), is refused by name."""
+    where, rope = "rope_parameters", values.get("rope_parameters") or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default" and values.get("rope_scaling"):
+        where, rope = "rope_scaling", values["rope_scaling"]
+        kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return {}
+    if kind != "yarn":
+        raise _refuse(source, f"{prefix}{where}.rope_type", kind, "is not plain or YaRN rotary: no portable equivalent")
+    for key, value in rope.items():
+        allowed = YARN_NEUTRAL.get(key, ())
+        if key not in YARN_KEYS and allowed is not None and value not in allowed:
+            raise _refuse(
+                source, f"{prefix}{where}.{key}", value, "is a YaRN option the portable drafter does not compute"
+            )
+    original = rope.get("original_max_position_embeddings")
+    if not _whole(original):
+        raise _refuse(source, f"{prefix}{where}.original_max_position_embeddings", original, "must be a whole number")
+    factor = rope.get("factor")
+    if factor is None:  # transformers: the extension over the original length
+        factor = _required(values, "max_position_embeddings", source, prefix) / original
+    scaling = {key: rope[key] for key in ("beta_fast", "beta_slow", "attention_factor") if rope.get(key) is not None}
+    return {
+        "rope_scaling": {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original, **scaling}
+    }
+
+
+def sliding_layers(values: dict, num_layers: int, source: str, prefix: str = "") -> dict:
+    """`layer_types` and `sliding_window` as transformers' Qwen3Config resolves them, which is what z-lab's model.py,
+    vLLM and SGLang then read: the window only with `use_sliding_window` (else None), missing layer_types derived as
+    sliding from layer `max_window_layers` on. Sliding layers without a window are refused: vLLM and SGLang refuse
+    them and z-lab's code would run them unwindowed."""
+    use_window = values.get("use_sliding_window", False)
+    window = values.get("sliding_window", QWEN3_SLIDING_WINDOW) if use_window else None
+    layer_types = values.get("layer_types")
+    if layer_types is None:
+        first = values.get("max_window_layers", QWEN3_MAX_WINDOW_LAYERS)
+        layer_types = [
+            "sliding_attention" if window is not None and i >= first else "full_attention" for i in range(num_layers)
+        ]
+    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+    if unknown:
+        raise _refuse(source, prefix + "layer_types", layer_types, f"has {unknown[0]} layers: no portable equivalent")
+    if "sliding_attention" not in layer_types:
+        return {}
+    if window is None:
+        raise _refuse(
+            source,
+            prefix + "use_sliding_window",
+            use_window,
+            "with sliding_attention layers: transformers then drops sliding_window, so the layers have no window "
+            "(vLLM and SGLang refuse such a config); set use_sliding_window true and sliding_window",
+        )
+    return {"layer_types": layer_types, "sliding_window": window}
+
+
+def block_attention(layer_types: list[str] | None, causal: bool | None) -> str:
+    """The parallel kind's block attention from an explicit causality (`is_causal`, `dflash_config.causal`,
+    speculators' `not sliding_window_non_causal`) or, when none is set, the upstream default: causal exactly in the
+    sliding layers (z-lab's model.py, vLLM's `_dflash_layer_causal`, SGLang's `_get_dflash_attention_type`)."""
+    sliding = [kind == "sliding_attention" for kind in layer_types or []]
+    if causal is not None:
+        return "causal" if causal else "bidirectional"
+    if sliding and all(sliding):
+        return "causal"
+    return "causal_in_sliding_layers" if any(sliding) else "bidirectional"
+
+
+def _hf_dflash(data: dict, source: str) -> tuple[dict, int | None]:
+    """z-lab / SpecForge: (fields, num_target_layers). Each DFlash key is read as z-lab's model.py `_draft_value`
+    does: `dflash_config` first, then the top level."""
     architectures = data.get("architectures") or []
     if any(name.startswith("DFlash2") for name in architectures):
         raise _refuse(
@@ -204,15 +300,18 @@ def _hf_dflash(data: dict, source: str) -> tuple[str, dict, int | None]:
     layer_ids = dflash.get("target_layer_ids", data.get("target_layer_ids"))
     if layer_ids is None:
         raise SpecError(f"{source}: dflash_config.target_layer_ids is missing; an upstream DFlash checkpoint sets it")
-    block_size = data.get("block_size", dflash.get("block_size"))
+    block_size = dflash.get("block_size", data.get("block_size"))
     if block_size is None:
         raise SpecError(f"{source}: block_size is missing (neither at the top level nor in dflash_config)")
     mask_token_id = dflash.get("mask_token_id", data.get("mask_token_id"))
     if mask_token_id is None:
         raise SpecError(f"{source}: dflash_config.mask_token_id is missing; an upstream DFlash checkpoint sets it")
     fields.update(block_size=block_size, target_layer_ids=layer_ids, mask_token_id=mask_token_id)
-    layout = "zlab" if "block_size" in data and "attention_mode" not in dflash else "specforge"
-    return layout, fields, dflash.get("num_target_layers", data.get("num_target_layers"))
+    causal = data.get("is_causal")
+    fields["block_attention"] = block_attention(
+        fields.get("layer_types"), causal if causal is not None else dflash.get("causal")
+    )
+    return fields, dflash.get("num_target_layers", data.get("num_target_layers"))
 
 
 def _speculators(data: dict, source: str) -> tuple[dict, str | None]:
@@ -237,6 +336,10 @@ def _speculators(data: dict, source: str) -> tuple[dict, str | None]:
     )
     if draft_vocab is not None and draft_vocab != fields["vocab_size"]:
         fields["draft_vocab_size"] = draft_vocab
+    # speculators trains sliding layers causal unless sliding_window_non_causal (default false) and full layers
+    # bidirectional (models/dflash/attention.py, config.py)
+    non_causal = data.get("sliding_window_non_causal", False)
+    fields["block_attention"] = block_attention(fields.get("layer_types"), False if non_causal else None)
     verifier = (data.get("speculators_config") or {}).get("verifier") or {}
     return fields, verifier.get("name_or_path")
 
@@ -283,7 +386,7 @@ def _portable_dtypes(weights: dict[str, torch.Tensor], path: Path) -> dict[str, 
 
 
 def detect_layout(data: dict) -> str | None:
-    """Which upstream layout a config.json object is in (zlab and specforge are told apart by read_upstream)."""
+    """Which upstream layout a config.json object is in: dflash (z-lab/SpecForge) or speculators; None if neither."""
     if "speculators_model_type" in data:
         return "speculators"
     architectures = data.get("architectures") or []
@@ -295,8 +398,12 @@ def detect_layout(data: dict) -> str | None:
 def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
     """An upstream DFlash checkpoint directory, read and checked without its target; one SpecError otherwise."""
     path = Path(path)
+    layout = LAYOUT_ALIASES.get(layout, layout)
     if layout not in ("auto", *LAYOUTS):
-        raise SpecError(f"layout={layout!r} is unknown; valid options: auto, {', '.join(LAYOUTS)}")
+        raise SpecError(
+            f"layout={layout!r} is unknown; valid options: auto, {', '.join(LAYOUTS)} ({' and '.join(LAYOUT_ALIASES)} "
+            "are dflash)"
+        )
     config_file = path / "config.json"
     if not config_file.is_file():
         raise SpecError(f"{config_file}: not found; an upstream DFlash checkpoint is a directory with config.json")
@@ -316,8 +423,9 @@ def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
         fields, verifier = _speculators(data, source)
         found, num_target_layers = "speculators", None
     else:
-        found, fields, num_target_layers = _hf_dflash(data, source)
-    if layout != "auto" and layout != found and {layout, found} != {"zlab", "specforge"}:
+        found = "dflash"
+        fields, num_target_layers = _hf_dflash(data, source)
+    if layout != "auto" and layout != found:
         raise SpecError(f"{path}: layout={layout} given, but config.json is in the {found} layout; pass --layout auto")
     if (path / "mask_embedding.pt").exists():
         raise SpecError(
@@ -333,5 +441,10 @@ def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
         raise SpecError(
             f"{path}: draft_vocab_size={fields['draft_vocab_size']} but no d2t tensor maps draft ids to target ids"
         )
-    found = layout if layout != "auto" else found
-    return UpstreamDrafter(found, fields, weights, target_side, num_target_layers, verifier)
+    mode = fields.pop("block_attention")
+    problem = layer_attention_problem(
+        fields.get("layer_types"), fields.get("sliding_window"), fields["num_hidden_layers"], fields["block_size"]
+    )
+    if problem:  # before the target loads
+        raise SpecError(f"{source}: {problem}; this checkpoint cannot be imported")
+    return UpstreamDrafter(found, fields, weights, target_side, num_target_layers, verifier, mode)

@@ -1,10 +1,12 @@
 """`portable-spec export speculators`: a portable parallel drafter in vLLM speculators' DFlash layout, for users who
 keep that toolchain (vLLM reads it with `speculative_config={"model": OUT}` and no method).
 
-Only `parallel` is expressible: speculators' DFlash has no shift-mix and attends bidirectionally in the block, so
-depth_causal (and the multi-pass autoregressive baseline) is refused with the way to serve it instead.
-`sliding_window_non_causal` is written true: speculators reads it for sliding-window layers only (its full-attention
-layers are always bidirectional), but vLLM 0.32 turns its default, false, into a causal block for every layer.
+Only `parallel` is expressible: speculators' DFlash has no shift-mix, so depth_causal (and the multi-pass
+autoregressive baseline) is refused with the way to serve it instead. Block causality is one flag there,
+`sliding_window_non_causal`, read two ways: speculators' trainer makes sliding layers causal unless it is true and
+keeps full layers bidirectional; vLLM 0.32 turns it into the causality of every layer (`dflash_config.causal`). So a
+bidirectional drafter is written true, and a causal one only when every layer slides (both readings agree); a
+causal block with full layers has no file both read alike and is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +36,21 @@ LAYER_FIELDS = (
 )
 
 
+def _non_causal(config) -> bool:
+    """sliding_window_non_causal for a parallel drafter config, or a SpecError when no value reads as it runs."""
+    mode = config.variant.block_attention
+    if mode == "bidirectional":
+        return True
+    if all(kind == "sliding_attention" for kind in config.layer_types or []) and config.layer_types:
+        return False
+    raise SpecError(
+        f"variant.block_attention={mode} with full-attention layers ({config.engine_layer_types()}) cannot be "
+        "written in the speculators format: its one flag, sliding_window_non_causal, makes full layers bidirectional "
+        "in speculators and causal in vLLM; serve the portable checkpoint instead: "
+        'speculative_config={"method": "dflash", "model": DRAFTER}'
+    )
+
+
 def speculators_config(config) -> dict:
     """config.json of the speculators layout for a portable parallel drafter config."""
     layer = {name: getattr(config, name) for name in LAYER_FIELDS} | {
@@ -42,8 +59,9 @@ def speculators_config(config) -> dict:
         "attention_bias": False,
         "tie_word_embeddings": False,
         "max_position_embeddings": 32768,
-        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
-        "layer_types": ["full_attention"] * config.num_hidden_layers,
+        "rope_parameters": config.rope_parameters(),
+        "layer_types": config.engine_layer_types(),
+        **({"use_sliding_window": True, "sliding_window": config.sliding_window} if config.has_windows else {}),
     }
     return {
         "architectures": ["DFlashSpeculator"],
@@ -53,7 +71,7 @@ def speculators_config(config) -> dict:
         "block_size": config.block_size,
         "aux_hidden_state_layer_ids": [i + 1 for i in config.target_layer_ids],  # HF hidden_states indices
         "mask_token_id": config.mask_token_id,
-        "sliding_window_non_causal": True,
+        "sliding_window_non_causal": _non_causal(config),
         "projector_type": "dflash",
         "speculators_config": {
             "algorithm": "dflash",
@@ -81,6 +99,7 @@ def export_speculators(drafter_dir: Path, out: Path, target_dir: Path | None = N
             f"{drafter_dir}: a speculators checkpoint ships its target's embed_tokens and lm_head (the draft ids' "
             "rows for a draft vocabulary), as speculators' converter writes it: pass --target TARGET"
         )
+    speculators_config(config)  # refuses what the layout cannot say, before anything is written or loaded
     check_output_dir(out, KIND, inputs=(drafter_dir, target_dir), force=force)
     target = TargetModel.load(target_dir)
     target.check_drafter(config)

@@ -15,7 +15,6 @@ from portable_spec.core.spec import (
     ParallelVariant,
     SpecError,
 )
-from portable_spec.core.variants import behaviour_of
 
 # major.minor: the adapter subclasses qwen3_dflash internals (DFlashQwen3ForCausalLM.model_cls,
 # DFlashQwen3Model.decoder_layer_cls, DFlashQwen3DecoderLayer.forward(positions, hidden_states, residual),
@@ -62,7 +61,7 @@ def check_num_speculative_tokens(config: DrafterConfig, num_speculative_tokens: 
     """A parallel drafter attends across its whole block, so it must run exactly the block it was trained on;
     a depth_causal one is causal in the block, so any K <= block_size - 1 gives the same first K drafts."""
     k, full = num_speculative_tokens, config.block_size - 1
-    if not behaviour_of(config.kind).cuttable:
+    if not config.block_causal:
         fits, allowed = (
             k == full,
             f"{full} (a {config.kind} drafter attends across its whole {config.block_size}-slot block)",
