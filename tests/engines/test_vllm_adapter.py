@@ -27,6 +27,7 @@ from portable_spec.adapters import shared_validate
 from portable_spec.adapters.vllm import cpu_fixes
 from portable_spec.adapters.vllm.llm_api import generate_token_ids, in_process_llm, spec_decode_metrics
 from portable_spec.adapters.vllm.llm_api import spec_decode_counters as spec_counters
+from portable_spec.conformance.checks import with_attention
 from portable_spec.core import fixtures
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
@@ -573,12 +574,6 @@ WINDOWED = {
 }
 
 
-def _with_attention(source: Path, out: Path, **fields) -> Path:
-    """`source` re-saved with other layer attention fields (same weights)."""
-    config, weights = load_drafter_files(source)
-    return save_drafter(out, DrafterConfig.model_validate({**config.model_dump(), **fields}), weights)
-
-
 @pytest.fixture(scope="module")
 def windowed_dirs(tmp_path_factory) -> dict[str, Path]:
     """speculators_default: the parallel fixture written as speculators' trainer writes by default (every layer
@@ -596,13 +591,13 @@ def windowed_dirs(tmp_path_factory) -> dict[str, Path]:
     return {
         "speculators_default": upstream,
         "speculators_imported": import_drafter(upstream, ASSETS / "target", root / "imported").out,
-        "depth_causal_sliding": _with_attention(
+        "depth_causal_sliding": with_attention(
             depth_causal,
             root / "dc",
             layer_types=["sliding_attention"] * read_config(depth_causal).num_hidden_layers,
             sliding_window=WINDOW,
         ),
-        "parallel_yarn": _with_attention(parallel, root / "yarn", rope_scaling=YARN),
+        "parallel_yarn": with_attention(parallel, root / "yarn", rope_scaling=YARN),
     }
 
 
@@ -636,7 +631,7 @@ def test_windowed_drafter_in_vllm_equals_the_reference(name, windowed_runs, wind
     target, run = TargetModel.load(ASSETS / "target"), windowed_runs[name]
     anchor = run["first"]["anchor"][0]
     expected = reference_draft_logits(target, portable, prompts[0], anchor, 15)
-    unwindowed = _with_attention(portable, portable.parent / f"{name}-plain", **WINDOWED[name])
+    unwindowed = with_attention(portable, portable.parent / f"{name}-plain", **WINDOWED[name])
     assert (reference_draft_logits(target, unwindowed, prompts[0], anchor, 15) - expected).abs().max() > 1e-2
     diff = (run["first"]["logits"][:15] - expected).abs().max().item()
     config = GenerationConfig(max_new_tokens=MAX_TOKENS, num_draft_tokens=15)

@@ -1,20 +1,19 @@
 """The DFlash checkpoint layouts other toolchains write, read into portable drafter fields.
 
-Three layouts, from their public source:
-- zlab: z-lab/dflash's `DFlashDraftModel` (a transformers Qwen3 model): Qwen3 config keys, `block_size` at the top,
-  `dflash_config {target_layer_ids, mask_token_id}`; `target_layer_ids` i means HF `output_hidden_states[i + 1]`
+Two layouts, from their public source:
+- dflash: z-lab/dflash's and SpecForge's `DFlashDraftModel` (a transformers Qwen3 model; `zlab` and `specforge` are
+  aliases): Qwen3 config keys, `block_size`, `target_layer_ids` and `mask_token_id` in `dflash_config` or at the top
+  (dflash_config first, as z-lab's `_draft_value`); `target_layer_ids` i means HF `output_hidden_states[i + 1]`
   (dflash/model.py `extract_context_feature`, offset 1): our convention, taken as is.
-- specforge: SpecForge's `DFlashDraftModel` (specforge/modeling/draft/dflash.py): the same keys, `block_size` at the
-  top or in `dflash_config`, plus `attention_mode` and other switches in `dflash_config`.
 - speculators: vLLM's speculators library (`speculators_model_type: dflash`): the layer config nested in
   `transformer_layer_config`, `aux_hidden_state_layer_ids` counted one higher (vLLM's speculators loader maps
   `target_layer_ids = [i - 1 for i in aux_hidden_state_layer_ids]`), a reduced draft vocabulary as `d2t`/`t2d`
   plus its own `lm_head`.
 
-All three hold the same weights under the same names (`fc`, `hidden_norm`, `layers.*`, `norm`); the target-side
+Both hold the same weights under the same names (`fc`, `hidden_norm`, `layers.*`, `norm`); the target-side
 tensors some of them ship (`embed_tokens`, `lm_head`, `t2d`, speculators' frozen `verifier_*` copies) are set aside
-for the importer to check against the target. Sliding-window layers and causal blocks are read as the upstream code
-reads them (`attention_fields`); whatever has no portable equivalent (DFlash2 blocks, logit scales, fused-layer
+for the importer to check against the target. Sliding-window layers, causal blocks and YaRN are read as the upstream code
+reads them (`sliding_layers`, `block_attention`, `rope_scaling`); whatever has no portable equivalent (DFlash2 blocks, logit scales, fused-layer
 variants, pickled files) is refused by name.
 """
 

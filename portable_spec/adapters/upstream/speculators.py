@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from portable_spec.core.checkpoint import load_drafter_files
 from portable_spec.core.drafter import target_ids_of
 from portable_spec.core.outputs import check_output_dir, write_dir_atomically
-from portable_spec.core.spec import SpecError
+from portable_spec.core.spec import MAX_POSITION_EMBEDDINGS, SpecError
 from portable_spec.core.target import TargetModel
 
 KIND = "speculators-export"
@@ -41,7 +41,7 @@ def _non_causal(config) -> bool:
     mode = config.variant.block_attention
     if mode == "bidirectional":
         return True
-    if all(kind == "sliding_attention" for kind in config.layer_types or []) and config.layer_types:
+    if config.layer_types and all(kind == "sliding_attention" for kind in config.layer_types):
         return False
     raise SpecError(
         f"variant.block_attention={mode} with full-attention layers ({config.engine_layer_types()}) cannot be "
@@ -58,7 +58,7 @@ def speculators_config(config) -> dict:
         "hidden_act": "silu",
         "attention_bias": False,
         "tie_word_embeddings": False,
-        "max_position_embeddings": 32768,
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
         "rope_parameters": config.rope_parameters(),
         "layer_types": config.engine_layer_types(),
         **({"use_sliding_window": True, "sliding_window": config.sliding_window} if config.has_windows else {}),

@@ -58,8 +58,9 @@ def check_method(method: str | None, source: str) -> None:
 
 
 def check_num_speculative_tokens(config: DrafterConfig, num_speculative_tokens: int | None, source: str) -> None:
-    """A parallel drafter attends across its whole block, so it must run exactly the block it was trained on;
-    a depth_causal one is causal in the block, so any K <= block_size - 1 gives the same first K drafts."""
+    """A drafter with a bidirectional layer attends across its whole block, so it must run exactly the block it was
+    trained on; one causal in every layer (depth_causal, a causal parallel) gives the same first K drafts for any
+    K <= block_size - 1."""
     k, full = num_speculative_tokens, config.block_size - 1
     if not config.block_causal:
         fits, allowed = (
