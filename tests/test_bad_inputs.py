@@ -550,7 +550,16 @@ CASES = [
             ("up_no_layer_ids", "no dflash_config.target_layer_ids", r"dflash_config\.target_layer_ids is missing"),
             ("up_other_vocab", "another vocabulary size", r"vocab_size=4096 differs from target\.vocab_size=2048"),
             ("up_other_depth", "num_target_layers of another target", r"num_target_layers = 28, the target .* has 4"),
-            ("up_own_embedding", "its own embed_tokens", r"embed_tokens\.weight \(2048, 256\) is not the target's"),
+            (
+                "up_own_embedding",
+                "an embed_tokens of another width",
+                r"weight embed_tokens\.weight has shape \(2048, 192\), config\.json implies \(2048, 256\)",
+            ),
+            (
+                "up_other_width",
+                "target_hidden_size of another target",
+                r"target_hidden_size = 512, the target .* is 256",
+            ),
             (
                 "up_missing_weight",
                 "a missing layer weight",
@@ -773,7 +782,8 @@ def _upstream_inputs(root: Path, parallel: Path) -> dict[str, Path]:
         "up_no_layer_ids": drop_layer_ids,
         "up_other_vocab": config_change(vocab_size=4096),
         "up_other_depth": config_change(num_target_layers=28),
-        "up_own_embedding": weights_change(lambda w: {**w, "embed_tokens.weight": torch.randn(2048, 256)}),
+        "up_own_embedding": weights_change(lambda w: {**w, "embed_tokens.weight": torch.randn(2048, 192)}),
+        "up_other_width": config_change(target_hidden_size=512),
         "up_missing_weight": weights_change(
             lambda w: {k: v for k, v in w.items() if k != "layers.1.mlp.up_proj.weight"}
         ),

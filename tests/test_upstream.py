@@ -17,6 +17,7 @@ from portable_spec.adapters.upstream.speculators import export_speculators
 from portable_spec.conformance.upstream_layouts import READ_AS, UPSTREAM_LAYOUTS, write_portable_as_upstream
 from portable_spec.core import fixtures
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
+from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
 from portable_spec.core.spec import DrafterConfig, SpecError, read_config
 from portable_spec.core.target import TargetModel
 
@@ -211,13 +212,36 @@ def test_draft_vocabulary_exports_its_head_rows_and_imports_back(tmp_path):
     _same_checkpoint(import_drafter(out, TARGET, tmp_path / "back").out, reduced)
 
 
-def test_a_head_that_is_not_the_targets_is_refused(tmp_path):
-    reduced, _ = _reduced_vocabulary(tmp_path)
+def test_a_head_that_is_not_the_targets_becomes_the_drafters_own(tmp_path):
+    """A same-width drafter trained with its own head imports with own_embeddings (the target's embedding copied
+    beside it), as vLLM serves it: it keeps a head that differs from the target's."""
+    reduced, ids = _reduced_vocabulary(tmp_path)
     out = export_speculators(reduced, tmp_path / "spec", TARGET)
     weights = load_file(str(out / "model.safetensors"))
     weights["lm_head.weight"] = weights["lm_head.weight"] + 1.0
+    del weights["embed_tokens.weight"]
     save_file(weights, str(out / "model.safetensors"), {"format": "pt"})
-    with pytest.raises(SpecError, match=r"lm_head\.weight \(512, 256\) is not the target's rows at the draft ids"):
+    imported = import_drafter(out, TARGET, tmp_path / "back").out
+    config, own = load_drafter_files(imported)
+    target = TargetModel.load(TARGET)
+    assert config.own_embeddings and config.hidden_size == target.config.hidden_size
+    assert torch.equal(own["lm_head.weight"], weights["lm_head.weight"])
+    assert torch.equal(own["embed_tokens.weight"], target.model.get_input_embeddings().weight.detach())
+    prompts = [list(range(3, 20))]
+    generation = GenerationConfig(max_new_tokens=12, num_draft_tokens=3)
+    drafted = SpeculativeDecoder(target, target.load_drafter(imported)).generate(prompts, generation)
+    assert drafted.tokens == SpeculativeDecoder(target).generate(prompts, generation).tokens
+
+
+def test_a_head_of_another_shape_is_refused(tmp_path):
+    reduced, _ = _reduced_vocabulary(tmp_path)
+    out = export_speculators(reduced, tmp_path / "spec", TARGET)
+    weights = load_file(str(out / "model.safetensors"))
+    weights["lm_head.weight"] = weights["lm_head.weight"][:-1]
+    save_file(weights, str(out / "model.safetensors"), {"format": "pt"})
+    with pytest.raises(
+        SpecError, match=r"weight lm_head\.weight has shape \(511, 256\), config.json implies \(512, 256\)"
+    ):
         import_drafter(out, TARGET, tmp_path / "back")
     assert not (tmp_path / "back").exists()
 

@@ -109,7 +109,8 @@ class OnnxRMSNorm(nn.Module):
 
 
 class BoundDrafter(nn.Module):
-    """The drafter plus the target's embedding and LM head as registered submodules (graph initializers)."""
+    """The drafter plus, unless it has its own, the target's embedding and LM head as registered submodules (graph
+    initializers)."""
 
     def __init__(self, drafter: Drafter) -> None:
         super().__init__()
@@ -118,8 +119,9 @@ class BoundDrafter(nn.Module):
         self.drafter.shared = drafter.shared
         self.drafter.load_state_dict(drafter.state_dict())
         self.drafter.eval()
-        self.embed_tokens = drafter.shared.embed_tokens
-        self.lm_head = drafter.shared.lm_head
+        if not drafter.config.own_embeddings:
+            self.embed_tokens = drafter.shared.embed_tokens
+            self.lm_head = drafter.shared.lm_head
         _swap_rms_norms(self.drafter)
         self.requires_grad_(False)
 

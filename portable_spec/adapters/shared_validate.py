@@ -26,10 +26,17 @@ def portable_config_of(config_json: bytes | str | None, source: str) -> DrafterC
 
 
 def check_servable(
-    config: DrafterConfig, source: str, engine: str, proposer: str, *, reduced_vocabulary: bool = False
+    config: DrafterConfig,
+    source: str,
+    engine: str,
+    proposer: str,
+    *,
+    reduced_vocabulary: bool = False,
+    own_embeddings: bool = False,
 ) -> None:
-    """Refuse what `engine`'s DFlash `proposer` cannot run: multi-pass kinds and, unless the adapter fills the
-    engine's draft-vocabulary LM head (`reduced_vocabulary`), reduced draft vocabularies."""
+    """Refuse what `engine`'s DFlash `proposer` cannot run: multi-pass kinds; unless the adapter fills the engine's
+    draft-vocabulary LM head (`reduced_vocabulary`), reduced draft vocabularies; unless the engine loads a drafter's
+    own embedding and head (`own_embeddings`), drafters that carry them."""
     if not behaviour_of(config.kind).single_pass:
         raise SpecError(
             f"{source}: variant {config.kind!r} has no {engine} route: {engine}'s {proposer} runs one drafter pass "
@@ -37,8 +44,22 @@ def check_servable(
             f"own drafts. fix: serve a {' or '.join(ENGINE_KINDS)} drafter with {engine}, or run this one with "
             "`portable-spec generate` (reference and ONNX backends)"
         )
+    if not own_embeddings:
+        refuse_own_embeddings(config, source, engine)
     if not reduced_vocabulary:
         refuse_reduced_vocabulary(config, source, engine)
+
+
+def refuse_own_embeddings(config: DrafterConfig, source: str, engine: str) -> None:
+    """Engines whose DFlash drafter always embeds and scores with the target's modules cannot run one that carries
+    its own (a drafter narrower than its target, or one trained with its own head)."""
+    if config.own_embeddings:
+        raise SpecError(
+            f"{source}: own_embeddings=true (hidden_size {config.hidden_size}, target {config.target.hidden_size}): "
+            f"{engine}'s DFlash drafter embeds and scores with the target's embedding and LM head and loads none of "
+            "its own. fix: serve this drafter with vLLM, or run it with `portable-spec generate` (reference and ONNX "
+            "backends)"
+        )
 
 
 def refuse_reduced_vocabulary(config: DrafterConfig, source: str, engine: str) -> None:

@@ -20,12 +20,14 @@ from portable_spec.adapters.upstream.importer import import_drafter
 from portable_spec.conformance.distribution import ALPHA, DRAWS, SAMPLING, distribution_fits, two_sample_p_value
 from portable_spec.conformance.golden import GOLDEN_DIR, case_paths, load_case, to_tensors
 from portable_spec.conformance.upstream_layouts import UPSTREAM_LAYOUTS, write_portable_as_upstream
+from portable_spec.conformance.widened import widened
 from portable_spec.conformance.workspace import CheckSkipped, Workspace, trained_fixture
 from portable_spec.core.backends import Acceptance, Backend, is_reference
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
 from portable_spec.core.decode import GenerationConfig
 from portable_spec.core.sampling import SamplingParams
 from portable_spec.core.spec import VARIANT_KINDS, DrafterConfig, read_config
+from portable_spec.core.target import TargetModel
 from portable_spec.core.testing import TINY_TARGET
 
 TOLERANCE = 1e-4  # logits and features: backends differ by float rounding (~1e-6), a wrong layer by O(1)
@@ -374,14 +376,25 @@ def _upstream_import(ctx: CheckContext, layout: str) -> None:
 
 # Drafters with the layer options upstream checkpoints carry: name -> (shipped fixture kind, upstream layout or None for
 # a portable checkpoint, option). Sliding windows are the block size (the smallest allowed) and YaRN's original
-# length is 32, so the held-out prompts (33-48 tokens) outrun both.
+# length is 32, so the held-out prompts (33-48 tokens) outrun both; "wider" drafters draft what the shipped ones do
+# through their own embedding and head, at a width that is not the target's.
 LAYER_OPTIONS = {
     "speculators_sliding": ("parallel", "speculators", "sliding"),  # speculators' trainer default: causal block
     "zlab_mixed": ("parallel", "zlab", "mixed"),  # z-lab's Qwen3.6 shape: sliding + full, causal where sliding
     "depth_causal_sliding": ("depth_causal", None, "sliding"),
     "zlab_yarn": ("parallel", "zlab", "yarn"),
+    "zlab_wider": ("parallel", "zlab", "wider"),  # 320 wide on the 256-wide target: own embedding and head
+    "depth_causal_wider": ("depth_causal", None, "wider"),
 }
+WIDER = 320
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+
+
+def _option_portable(option: str, original: Path, target: Path, out: Path) -> Path:
+    """The shipped drafter with a layer option: re-saved with other fields, or widened (conformance/widened.py)."""
+    if option == "wider":
+        return widened(original, TargetModel.load(target), out, WIDER)
+    return with_attention(original, out, **_option_fields(option, read_config(original)))
 
 
 def _option_fields(option: str, config) -> dict:
@@ -400,8 +413,7 @@ def _option_drafter(ctx: CheckContext, name: str) -> tuple[Path, Path, Path, lis
     target, original, prompts = _heldout_batch(kind)
     root = ctx.workspace.root
     portable = ctx.workspace.memo(
-        ("options", name),
-        lambda: with_attention(original, root / f"options-{name}", **_option_fields(option, read_config(original))),
+        ("options", name), lambda: _option_portable(option, original, target, root / f"options-{name}")
     )
     if layout is None:
         return target, portable, portable, prompts
@@ -543,7 +555,8 @@ def all_checks() -> list[Check]:
         ),
         (
             "layers",
-            "drafter {} (sliding window = block size; YaRN from 32 positions: the held-out prompts outrun both), "
+            "drafter {} (sliding window = block size; YaRN from 32 positions: the held-out prompts outrun both; wider: "
+            f"{WIDER} wide, own embedding and head, on a narrower target), "
             "as the backend loads it: greedy speculative == the backend's non-speculative == the reference's; rounds "
             "and accepted drafts per position == the reference's",
             _layer_option,

@@ -73,6 +73,7 @@ class DFlashShape:
     is_causal: bool | None = None  # zlab only: written at the top when set
     rope_scaling: dict | None = None  # YaRN parameters of transformers' rope_parameters (rope_type: yarn)
     sliding_window_non_causal: bool = False  # speculators only (its config default)
+    target_hidden_size: int | None = None  # dflash layout, when the drafter's width is not its target's (vLLM's key)
 
 
 def with_draft_head(weights: dict[str, torch.Tensor], target_head: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -110,6 +111,8 @@ def write_upstream(layout: str, out: Path, shape: DFlashShape, weights: dict[str
         config.architectures = ["DFlashDraftModel"]
         config.num_target_layers = shape.num_target_layers
         dflash = {"target_layer_ids": list(shape.target_layer_ids), "mask_token_id": shape.mask_token_id}
+        if shape.target_hidden_size is not None:
+            config.target_hidden_size = shape.target_hidden_size
         if layout == "zlab":
             dflash["block_size"] = shape.block_size
             if shape.is_causal is not None:
@@ -132,7 +135,7 @@ def write_upstream(layout: str, out: Path, shape: DFlashShape, weights: dict[str
             "transformer_layer_config": config.to_diff_dict(),
             "draft_vocab_size": shape.draft_vocab_size or shape.vocab_size,
             "block_size": shape.block_size,
-            "target_hidden_size": None,
+            "target_hidden_size": shape.target_hidden_size,
             "aux_hidden_state_layer_ids": [i + 1 for i in shape.target_layer_ids],
             "mask_token_id": shape.mask_token_id,
             "sliding_window_non_causal": shape.sliding_window_non_causal,
@@ -176,6 +179,7 @@ def shape_of_portable(config, **upstream) -> DFlashShape:
         verifier=config.target.model_id,
         verifier_architecture=config.target.architecture,
         draft_vocab_size=config.draft_vocab_size,
+        target_hidden_size=config.target.hidden_size if config.hidden_size != config.target.hidden_size else None,
         **{**fields, **upstream},
     )
 
@@ -197,10 +201,12 @@ def write_portable_as_upstream(
     layout: str, out: Path, drafter_dir: Path, target_dir: Path | None = None, **upstream
 ) -> Path:
     """A portable parallel drafter checkpoint laid out in `out` as `layout`'s project writes it (`upstream`: as
-    shape_of_portable); speculators ships the target's embedding and head, so it needs `target_dir`."""
-    shape = shape_of_portable(read_config(drafter_dir), **upstream)
+    shape_of_portable); speculators ships the target's embedding and head, so it needs `target_dir` (a drafter
+    with its own ships those instead, in every layout)."""
+    config = read_config(drafter_dir)
+    shape = shape_of_portable(config, **upstream)
     weights = load_file(str(Path(drafter_dir) / "model.safetensors"))
-    if layout == "speculators":
+    if layout == "speculators" and not config.own_embeddings:
         if target_dir is None:
             raise ValueError("a speculators checkpoint ships its target's embed_tokens and lm_head: pass target_dir")
         weights = with_target_side(weights, target_dir)

@@ -23,7 +23,8 @@ ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v), each [B
 
 @dataclass
 class SharedTargetModules:
-    """The target's frozen embedding and LM head, which the drafter uses but does not own or save."""
+    """The target's frozen embedding and LM head, which a drafter without own_embeddings uses but does not own or
+    save."""
 
     embed_tokens: nn.Module  # ids [...] -> [..., H]
     lm_head: nn.Module  # [..., H] -> logits [..., V]
@@ -43,6 +44,9 @@ class Drafter(nn.Module):
         self.rotary = rotary_frequencies(config)  # not a buffer: float32 whatever dtype the drafter is cast to
         if config.draft_vocab_size is not None:  # EAGLE-3 layout: target id = draft id + d2t[draft id]
             self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.int64))
+        if config.own_embeddings:  # saved with the drafter (vLLM's names: embed_tokens, lm_head)
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.lm_head = nn.Linear(config.hidden_size, config.scored_vocab_size, bias=False)
         self.shared: SharedTargetModules | None = None  # the target's modules, given by TargetModel.bind
         self._head_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -59,9 +63,16 @@ class Drafter(nn.Module):
         check_draft_vocab(ids, self.config)
         self.d2t.copy_(ids - torch.arange(len(ids), device=ids.device))
 
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Block token ids [...] -> [..., H] in the drafter's dtype: its own embedding, or the target's."""
+        module = self.embed_tokens if self.config.own_embeddings else self.shared.embed_tokens
+        return module(ids).to(self.fc.weight.dtype)
+
     def scored_logits(self, h: torch.Tensor) -> torch.Tensor:
-        """[..., H] final hidden -> [..., config.scored_vocab_size]: the target's LM head, restricted to the draft
-        vocabulary's rows when there is one (the slice is cached; the target is frozen)."""
+        """[..., H] final hidden -> [..., config.scored_vocab_size]: the drafter's own head, or the target's LM head
+        restricted to the draft vocabulary's rows when there is one (the slice is cached; the target is frozen)."""
+        if self.config.own_embeddings:
+            return self.lm_head(h)
         if self.config.draft_vocab_size is None:
             head = self.shared.lm_head
             if head.weight.dtype == h.dtype:
@@ -108,7 +119,7 @@ class Drafter(nn.Module):
         logits = self.scored_logits(hidden)
         if self.config.draft_vocab_size is None:
             return logits
-        ids, _ = self._draft_head()
+        ids = self.draft_token_ids() if self.config.own_embeddings else self._draft_head()[0]
         full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
         return full.scatter(-1, ids.expand(*logits.shape[:-1], -1), logits)
 
@@ -126,7 +137,7 @@ class Drafter(nn.Module):
         if self.shared is None:
             raise SpecError("drafter is not bound to a target; load it with target.load_drafter(dir)")
         b, a, k = block_ids.shape
-        h = self.shared.embed_tokens(block_ids).to(self.fc.weight.dtype)
+        h = self.embed(block_ids)
         flat_positions = block_positions.reshape(b, a * k)
         cos, sin = rotary_cos_sin(flat_positions, self.config.head_dim, self.config.rope_theta, h.dtype, self.rotary)
         if context_mask.dim() == 2 and a != 1:

@@ -183,7 +183,9 @@ class DrafterConfig(_Strict):
         ge=2, le=MAX_BLOCK_SIZE, description="Slots per block: the anchor plus block_size-1 draft tokens."
     )
     num_hidden_layers: int = Field(ge=1, le=64, description="Drafter decoder layers.")
-    hidden_size: int = Field(gt=0, description="Drafter width; equals the target's (embedding is shared).")
+    hidden_size: int = Field(
+        gt=0, description="Drafter width: the target's, or narrower with own_embeddings (features enter through fc)."
+    )
     num_attention_heads: int = Field(gt=0, description="Query heads.")
     num_key_value_heads: int = Field(gt=0, description="KV heads; must divide num_attention_heads.")
     head_dim: int = Field(gt=0, description="Per-head width; even, for rotary embedding.")
@@ -203,6 +205,12 @@ class DrafterConfig(_Strict):
         min_length=1, description="Target layers whose OUTPUT is fused (HF output_hidden_states[i + 1])."
     )
     target: TargetBinding = Field(description="The target this drafter was trained for.")
+    own_embeddings: bool = Field(
+        False,
+        description="The checkpoint carries the drafter's own `embed_tokens` [vocab_size, hidden_size] and "
+        "`lm_head` [draft_vocab_size or vocab_size, hidden_size]; false: it embeds and scores with the target's. "
+        "Required when hidden_size differs from the target's.",
+    )
     layer_types: list[Literal[LAYER_TYPES]] | None = Field(
         None,
         description="Per drafter layer: full_attention (every context position) or sliding_attention (the last "
@@ -243,12 +251,13 @@ class DrafterConfig(_Strict):
         if self.vocab_size != self.target.vocab_size:
             raise ValueError(
                 f"vocab_size={self.vocab_size} differs from target.vocab_size={self.target.vocab_size}; "
-                "the drafter shares the target's embedding, so they must be equal"
+                "drafts are target tokens, so they must be equal"
             )
-        if self.hidden_size != self.target.hidden_size:
+        if self.hidden_size != self.target.hidden_size and not self.own_embeddings:
             raise ValueError(
-                f"hidden_size={self.hidden_size} differs from target.hidden_size={self.target.hidden_size}; "
-                "the drafter shares the target's embedding, so they must be equal"
+                f"hidden_size={self.hidden_size} differs from target.hidden_size={self.target.hidden_size} but "
+                "own_embeddings is false; a drafter narrower than its target cannot use the target's embedding and "
+                "LM head: set own_embeddings: true and ship embed_tokens and lm_head"
             )
         self._check_layer_attention()
         ids = self.target_layer_ids
@@ -324,6 +333,7 @@ class DrafterConfig(_Strict):
             "is_causal": self._engine_is_causal(),
             "use_sliding_window": self.has_windows,  # transformers' Qwen3Config drops sliding_window without it
             "num_target_layers": self.target.num_hidden_layers,
+            "target_hidden_size": self.target.hidden_size,  # vLLM sizes fc's input from it (default: hidden_size)
             "dflash_config": {
                 "block_size": self.block_size,
                 "target_layer_ids": list(self.target_layer_ids),
@@ -392,6 +402,7 @@ ENGINE_KEYS = (
     "is_causal",
     "use_sliding_window",
     "num_target_layers",
+    "target_hidden_size",
     "dflash_config",
 )
 

@@ -163,16 +163,20 @@ def drafter_config_for(
     sliding_window: int | None = None,
     block_attention: str | None = None,
     rope_scaling: dict | None = None,
+    hidden_size: int | None = None,
 ) -> DrafterConfig:
     """A drafter config shaped like the target's layers (same width, heads, rope), bound to the target; sliding
-    layers and the parallel kind's block attention as given (spec.py says what each means)."""
+    layers and the parallel kind's block attention as given (spec.py says what each means). A `hidden_size` other
+    than the target's makes a narrower drafter with its own embedding and LM head."""
     t = target.config
+    width = hidden_size or t.hidden_size
     options = {
         key: value
         for key, value in (
             ("layer_types", layer_types),
             ("sliding_window", sliding_window),
             ("rope_scaling", rope_scaling),
+            ("own_embeddings", width != t.hidden_size),
         )
         if value
     }
@@ -182,7 +186,7 @@ def drafter_config_for(
             **options,
             "block_size": block_size,
             "num_hidden_layers": num_hidden_layers,
-            "hidden_size": t.hidden_size,
+            "hidden_size": width,
             "num_attention_heads": t.num_attention_heads,
             "num_key_value_heads": t.num_key_value_heads,
             "head_dim": getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,

@@ -32,7 +32,7 @@ def tiny_target(seed: int = 0, **overrides) -> TargetModel:
 def tiny_drafter(
     target: TargetModel, kind: str, block_size: int = 8, seed: int = 1, num_hidden_layers: int = 2, **attention
 ) -> Drafter:
-    """`attention`: layer_types, sliding_window, block_attention, rope_scaling (drafter_config_for)."""
+    """`attention`: layer_types, sliding_window, block_attention, rope_scaling, hidden_size (drafter_config_for)."""
     config = drafter_config_for(
         target,
         kind=kind,

@@ -44,6 +44,8 @@ def ckpts(tmp_path_factory) -> dict[str, Path]:
     for name, (kind, attention) in WINDOWED.items():
         tiny_drafter(target, kind, **attention).save(out / name)
         paths[name] = out / name
+    tiny_drafter(target, "parallel", hidden_size=SHAPES["hidden_size"] // 2).save(out / "narrow")  # own embeddings
+    paths["narrow"] = out / "narrow"
     return paths
 
 
@@ -355,6 +357,7 @@ def test_server_args_validation(sglang_cpu, ckpts):
         (dict(draft="depth_causal", speculative_num_draft_tokens=9), r"outside 2\.\.8"),
         (dict(draft="parallel", speculative_num_draft_tokens=4), r"attends bidirectionally"),
         (dict(draft="depth_causal", target="deeper-target"), r"num_hidden_layers: drafter expects 3, target .* has 4"),
+        (dict(draft="narrow"), r"own_embeddings=true .*SGLang's DFlash drafter embeds and scores with the target's"),
     ]
     for fields, error in bad:
         with pytest.raises(SpecError, match=error):

@@ -667,3 +667,78 @@ def test_mixed_sliding_and_full_layers_in_vllm(vllm_module, prompts, reference, 
     )
     with vllm_engine(ASSETS / "target", upstream, 15) as llm:
         assert generate(llm, prompts) == reference["none"][0]
+
+
+# ------------------------------------------------------------------ drafters with their own embedding and head
+OWN_WIDTH = 320  # the fixture target is 256 wide
+NARROW_WIDTH = 128
+
+
+@pytest.fixture(scope="module")
+def own_embedding_dirs(drafter_dirs, tmp_path_factory) -> dict[str, Path]:
+    """depth_causal_wider / draft_vocab_wider: the trained fixtures widened (conformance/widened.py: they draft what
+    the originals draft, so acceptance is worth comparing) with their own embedding and head, fc reading the
+    target's 256-wide features; parallel_narrow: a random 128-wide drafter (vLLM must also take a narrower one)."""
+    from portable_spec.conformance.widened import widened
+    from portable_spec.core.testing import tiny_drafter
+
+    root, target = tmp_path_factory.mktemp("own"), TargetModel.load(ASSETS / "target")
+    config = read_config(drafter_dirs["depth_causal"])
+    narrow = tiny_drafter(
+        target, "parallel", block_size=config.block_size, hidden_size=NARROW_WIDTH, num_hidden_layers=1
+    )
+    return {
+        "depth_causal_wider": widened(drafter_dirs["depth_causal"], target, root / "dc", OWN_WIDTH),
+        "draft_vocab_wider": widened(drafter_dirs[REDUCED], target, root / "dv", OWN_WIDTH),
+        "parallel_narrow": narrow.save(root / "narrow"),
+    }
+
+
+@pytest.fixture(scope="module")
+def own_embedding_runs(vllm_module, prompts, own_embedding_dirs):
+    runs = {}
+    for name, directory in own_embedding_dirs.items():
+        with pytest.MonkeyPatch.context() as patch:
+            first = FirstProposal(patch)
+            with vllm_engine(ASSETS / "target", directory, 15) as llm:
+                generate(llm, prompts[:1], max_tokens=2)
+                drafts_before, accepted_before = spec_counters(llm)
+                tokens = generate(llm, prompts)
+                drafts, accepted = spec_counters(llm)
+        runs[name] = {
+            "tokens": tokens,
+            "first": first.record,
+            "tau": 1 + (accepted - accepted_before) / (drafts - drafts_before),
+        }
+    return runs
+
+
+@pytest.mark.engine
+@requires_assets
+@pytest.mark.parametrize("name", ["depth_causal_wider", "draft_vocab_wider", "parallel_narrow"])
+def test_own_embedding_drafter_in_vllm_equals_the_reference(
+    name, own_embedding_runs, own_embedding_dirs, reference, prompts
+):
+    """vLLM loads the checkpoint's own embed_tokens and lm_head (it never shares the target's: they differ) and
+    sizes fc from target_hidden_size: first-proposal logits, greedy tokens and acceptance equal the reference's;
+    the widened drafters accept what the originals accept."""
+    directory, run = own_embedding_dirs[name], own_embedding_runs[name]
+    target = TargetModel.load(ASSETS / "target")
+    assert run["first"]["context"] == prompts[0]
+    expected = reference_draft_logits(target, directory, prompts[0], run["first"]["anchor"][0], 15)
+    logits = run["first"]["logits"][:15]
+    scored = ~torch.isneginf(expected)
+    assert torch.equal(~torch.isneginf(logits), scored)
+    diff = (logits[scored] - expected[scored]).abs().max().item()
+    config = GenerationConfig(max_new_tokens=MAX_TOKENS, num_draft_tokens=15)
+    out = SpeculativeDecoder(target, target.load_drafter(directory)).generate(prompts, config)
+    print(
+        f"{name}: max |vLLM - reference| draft logits {diff:.2e}; tau vLLM {run['tau']:.3f}, reference "
+        f"{out.stats.acceptance_length:.3f}"
+    )
+    assert diff <= LOGIT_TOLERANCE
+    assert run["tokens"] == out.tokens == reference["none"][0]
+    assert abs(run["tau"] - out.stats.acceptance_length) <= TAU_TOLERANCE * out.stats.acceptance_length
+    if name != "parallel_narrow":
+        original = REDUCED if name == "draft_vocab_wider" else "depth_causal"
+        assert out.stats.acceptance_length == pytest.approx(reference[original][1], rel=1e-9)

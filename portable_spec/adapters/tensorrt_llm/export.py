@@ -129,6 +129,12 @@ def _dflash_unsupported(config: DrafterConfig, version: str) -> str | None:
             f"variant.block_attention={config.variant.block_attention}: TensorRT-LLM's DFlash drafter runs the block "
             "bidirectionally in every layer (modeling_dflash.py: generic DFlash keeps `_sliding_layers_causal` off)"
         )
+    if config.own_embeddings:
+        return (
+            f"own_embeddings=true (hidden_size {config.hidden_size}, target {config.target.hidden_size}): TensorRT-LLM's "
+            "DFlash drafter shares the target's embed_tokens and lm_head (modeling_dflash.py load_weights) and loads "
+            "none of its own"
+        )
     if not behaviour.engine_native and config.has_windows:
         return (
             f"layer_types={config.layer_types}: the depth_causal builder (plugin.py) is mirrored without sliding "

@@ -1,9 +1,9 @@
 """`portable-spec import`: an upstream DFlash checkpoint (layouts.py) bound to a target and written portable.
 
 The checkpoint is read and checked first, without its target; then the target loads and the binding is checked:
-vocabulary, width, layer count and layer ids through the portable config's own rules, every weight name and shape,
-and the target-side tensors a checkpoint may carry (`embed_tokens`, `lm_head`) against the target's own, since a
-portable drafter always embeds and scores with its target's.
+vocabulary, width, layer count and layer ids through the portable config's own rules, every weight name and shape.
+The embedding and head a checkpoint may carry (`embed_tokens`, `lm_head`) are compared with the target's: the
+target's own are dropped (the drafter shares them), others become the drafter's own (`own_embeddings`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from portable_spec.adapters.upstream.layouts import UpstreamDrafter, read_upstream
-from portable_spec.core.checkpoint import save_drafter
+from portable_spec.core.checkpoint import check_weight_values, save_drafter
 from portable_spec.core.drafter import check_draft_vocab, check_weight_shapes, target_ids_of
 from portable_spec.core.outputs import check_output_dir
 from portable_spec.core.spec import DrafterConfig, SpecError, parse_config
@@ -35,27 +35,44 @@ def _same_matrix(stored: torch.Tensor, own: torch.Tensor) -> bool:
     )
 
 
-def _check_target_side(upstream: UpstreamDrafter, config: DrafterConfig, target: TargetModel, source: str) -> None:
-    """A shipped embedding or LM head must be the target's (rows at the draft ids for a draft vocabulary)."""
-    embedding = target.model.get_input_embeddings().weight
-    head = target.model.get_output_embeddings().weight
-    rows = None
-    if config.draft_vocab_size is not None:
-        rows = target_ids_of(upstream.weights["d2t"])
-        check_draft_vocab(rows, config, f"{source}: d2t")
-        t2d = upstream.target_side.get("t2d")
-        if t2d is not None and sorted(t2d.nonzero()[:, 0].tolist()) != sorted(rows.tolist()):
-            raise SpecError(f"{source}: t2d and d2t name different draft vocabularies; the checkpoint is inconsistent")
-    checks = {"embed_tokens.weight": embedding, "lm_head.weight": head if rows is None else head[rows.to(head.device)]}
-    for name, own in checks.items():
-        stored = upstream.target_side.get(name)
-        if stored is not None and not _same_matrix(stored, own):
+def _draft_rows(upstream: UpstreamDrafter, config: DrafterConfig, source: str) -> torch.Tensor | None:
+    """Target ids of a draft vocabulary (checked, and against `t2d` when shipped), or None for the full one."""
+    if config.draft_vocab_size is None:
+        return None
+    rows = target_ids_of(upstream.weights["d2t"])
+    check_draft_vocab(rows, config, f"{source}: d2t")
+    t2d = upstream.target_side.get("t2d")
+    if t2d is not None and sorted(t2d.nonzero()[:, 0].tolist()) != sorted(rows.tolist()):
+        raise SpecError(f"{source}: t2d and d2t name different draft vocabularies; the checkpoint is inconsistent")
+    return rows
+
+
+def embedding_and_head(
+    upstream: UpstreamDrafter, config: DrafterConfig, target: TargetModel, source: str
+) -> dict[str, torch.Tensor]:
+    """The drafter's own `embed_tokens` and `lm_head` to write, or {} when it embeds and scores with the target's.
+
+    A drafter of the target's width whose shipped tensors are the target's (its head's rows at the draft ids for a
+    draft vocabulary) shares them, as every engine then does; one that ships others keeps its own (a missing one
+    taken from the target). A drafter of another width must ship both: it cannot use the target's."""
+    width = target.config.hidden_size
+    rows = _draft_rows(upstream, config, source)
+    embedding = target.model.get_input_embeddings().weight.detach().cpu()
+    head = target.model.get_output_embeddings().weight.detach().cpu()
+    targets = {"embed_tokens.weight": embedding, "lm_head.weight": head if rows is None else head[rows]}
+    dtype = upstream.weights["fc.weight"].dtype  # one dtype per checkpoint, the layers'
+    shipped = {name: upstream.target_side[name].to(dtype) for name in targets if name in upstream.target_side}
+    if config.hidden_size != width:
+        missing = sorted(set(targets) - set(shipped))
+        if missing:
             raise SpecError(
-                f"{source}: {name} {tuple(stored.shape)} is not the target's "
-                f"{'rows at the draft ids' if name == 'lm_head.weight' and rows is not None else 'matrix'} "
-                "(a drafter trained with its own embedding or head); portable drafters embed and score with the "
-                "target's own, so this checkpoint cannot be imported for this target"
+                f"{source}: a drafter {config.hidden_size} wide for a {width}-wide target needs its own "
+                f"embed_tokens and lm_head, and the checkpoint lacks {missing}; it cannot be imported"
             )
+        return shipped
+    if all(_same_matrix(stored, targets[name]) for name, stored in shipped.items()):
+        return {}
+    return {name: shipped.get(name, own.to(dtype).clone()) for name, own in targets.items()}
 
 
 def import_drafter(
@@ -73,16 +90,26 @@ def import_drafter(
             f"{source}: num_target_layers = {upstream.num_target_layers}, the target {target.model_id!r} has "
             f"{layers} layers; import it for the target it was trained for"
         )
+    if upstream.target_hidden_size not in (None, target.config.hidden_size):
+        raise SpecError(
+            f"{source}: target_hidden_size = {upstream.target_hidden_size}, the target {target.model_id!r} is "
+            f"{target.config.hidden_size} wide; import it for the target it was trained for"
+        )
     config = parse_config(
         {
             "variant": {"kind": "parallel", "block_attention": upstream.block_attention},
             **upstream.fields,
+            "own_embeddings": upstream.fields["hidden_size"] != target.config.hidden_size,
             "target": target.binding(upstream.verifier),
         },
         f"{source} ({upstream.layout} layout)",
     )
-    check_weight_shapes(config, {name: tuple(t.shape) for name, t in upstream.weights.items()}, str(source))
-    _check_target_side(upstream, config, target, str(source))
-    save_drafter(out, config, upstream.weights, force=force)
+    own = embedding_and_head(upstream, config, target, str(source))
+    check_weight_values(str(source), own)
+    if own and not config.own_embeddings:  # the target's width, but trained its own
+        config = config.model_copy(update={"own_embeddings": True})
+    weights = {**upstream.weights, **own}
+    check_weight_shapes(config, {name: tuple(t.shape) for name, t in weights.items()}, str(source))
+    save_drafter(out, config, weights, force=force)
     target.load_drafter(out)  # the written checkpoint loads and binds, as every backend will load it
     return ImportResult(out, config, upstream.layout)

@@ -10,9 +10,10 @@ Two layouts, from their public source:
   `target_layer_ids = [i - 1 for i in aux_hidden_state_layer_ids]`), a reduced draft vocabulary as `d2t`/`t2d`
   plus its own `lm_head`.
 
-Both hold the same weights under the same names (`fc`, `hidden_norm`, `layers.*`, `norm`); the target-side
+Both hold the same weights under the same names (`fc`, `hidden_norm`, `layers.*`, `norm`); the embedding and head
 tensors some of them ship (`embed_tokens`, `lm_head`, `t2d`, speculators' frozen `verifier_*` copies) are set aside
-for the importer to check against the target. Sliding-window layers, causal blocks and YaRN are read as the upstream code
+for the importer to compare with the target's (a drafter whose `hidden_size` differs from its `target_hidden_size`
+ships its own). Sliding-window layers, causal blocks and YaRN are read as the upstream code
 reads them (`sliding_layers`, `block_attention`, `rope_scaling`); whatever has no portable equivalent (DFlash2 blocks, logit scales, fused-layer
 variants, pickled files) is refused by name.
 """
@@ -83,6 +84,7 @@ class UpstreamDrafter:
     target_side: dict[str, torch.Tensor]  # tensors the target owns, for the importer to check
     num_target_layers: int | None  # what the checkpoint says its target has, if it says
     verifier: str | None = None  # the target the checkpoint names, if any
+    target_hidden_size: int | None = None  # the target width the checkpoint says fc reads, if it says
     block_attention: str = "bidirectional"  # the parallel kind's block attention (spec.ParallelVariant)
 
 
@@ -273,9 +275,9 @@ def block_attention(layer_types: list[str] | None, causal: bool | None) -> str:
     return "causal_in_sliding_layers" if any(sliding) else "bidirectional"
 
 
-def _hf_dflash(data: dict, source: str) -> tuple[dict, int | None]:
-    """z-lab / SpecForge: (fields, num_target_layers). Each DFlash key is read as z-lab's model.py `_draft_value`
-    does: `dflash_config` first, then the top level."""
+def _hf_dflash(data: dict, source: str) -> tuple[dict, dict]:
+    """z-lab / SpecForge: (fields, what it says of its target: num_target_layers, target_hidden_size). Each DFlash
+    key is read as z-lab's model.py `_draft_value` does: `dflash_config` first, then the top level."""
     architectures = data.get("architectures") or []
     if any(name.startswith("DFlash2") for name in architectures):
         raise _refuse(
@@ -293,9 +295,6 @@ def _hf_dflash(data: dict, source: str) -> tuple[dict, int | None]:
         )
     _check_neutral(dflash, source, "dflash_config.")
     fields = layer_fields(data, source)
-    target_hidden = dflash.get("target_hidden_size", data.get("target_hidden_size"))
-    if target_hidden not in (None, fields["hidden_size"]):
-        raise _refuse(source, "target_hidden_size", target_hidden, "differs from hidden_size (no input projection)")
     layer_ids = dflash.get("target_layer_ids", data.get("target_layer_ids"))
     if layer_ids is None:
         raise SpecError(f"{source}: dflash_config.target_layer_ids is missing; an upstream DFlash checkpoint sets it")
@@ -310,7 +309,8 @@ def _hf_dflash(data: dict, source: str) -> tuple[dict, int | None]:
     fields["block_attention"] = block_attention(
         fields.get("layer_types"), causal if causal is not None else dflash.get("causal")
     )
-    return fields, dflash.get("num_target_layers", data.get("num_target_layers"))
+    target = {key: dflash.get(key, data.get(key)) for key in ("num_target_layers", "target_hidden_size")}
+    return fields, target
 
 
 def _speculators(data: dict, source: str) -> tuple[dict, str | None]:
@@ -324,8 +324,13 @@ def _speculators(data: dict, source: str) -> tuple[dict, str | None]:
         raise SpecError(f"{source}: transformer_layer_config is missing or not an object")
     fields = layer_fields(layer_config, source, "transformer_layer_config.")
     target_hidden = data.get("target_hidden_size")
-    if target_hidden not in (None, fields["hidden_size"]):
-        raise _refuse(source, "target_hidden_size", target_hidden, "differs from hidden_size (no input projection)")
+    if target_hidden not in (None, fields["hidden_size"]):  # its DFlashDraftModel sizes fc from its own width
+        raise _refuse(
+            source,
+            "target_hidden_size",
+            target_hidden,
+            "differs from hidden_size: speculators' DFlash sizes fc from its own width (models/dflash/core.py)",
+        )
     aux_ids = _required(data, "aux_hidden_state_layer_ids", source)
     draft_vocab = data.get("draft_vocab_size")
     fields.update(
@@ -417,19 +422,19 @@ def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
             f"{source}: not a DFlash checkpoint (architectures={data.get('architectures')}, no dflash_config or "
             "speculators_model_type); import reads z-lab/dflash, SpecForge and speculators DFlash drafters"
         )
-    verifier = None
+    verifier, target = None, {}
     if family == "speculators":
         fields, verifier = _speculators(data, source)
-        found, num_target_layers = "speculators", None
+        found = "speculators"
     else:
         found = "dflash"
-        fields, num_target_layers = _hf_dflash(data, source)
+        fields, target = _hf_dflash(data, source)
     if layout != "auto" and layout != found:
         raise SpecError(f"{path}: layout={layout} given, but config.json is in the {found} layout; pass --layout auto")
     if (path / "mask_embedding.pt").exists():
         raise SpecError(
             f"{path / 'mask_embedding.pt'}: a separately trained mask embedding, pickled; pickles are never loaded "
-            "and portable drafters embed the mask token with the target's embedding: this checkpoint cannot be imported"
+            "and portable drafters embed the mask token through the embedding table: this checkpoint cannot be imported"
         )
     weights = _portable_dtypes(_read_weights(path), path)
     target_side = {name: weights.pop(name) for name in TARGET_SIDE if name in weights}
@@ -446,4 +451,13 @@ def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
     )
     if problem:  # before the target loads
         raise SpecError(f"{source}: {problem}; this checkpoint cannot be imported")
-    return UpstreamDrafter(found, fields, weights, target_side, num_target_layers, verifier, mode)
+    return UpstreamDrafter(
+        found,
+        fields,
+        weights,
+        target_side,
+        target.get("num_target_layers"),
+        verifier,
+        target.get("target_hidden_size"),
+        mode,
+    )

@@ -53,6 +53,12 @@ def _non_causal(config) -> bool:
 
 def speculators_config(config) -> dict:
     """config.json of the speculators layout for a portable parallel drafter config."""
+    if config.hidden_size != config.target.hidden_size:
+        raise SpecError(
+            f"hidden_size={config.hidden_size} with a {config.target.hidden_size}-wide target cannot be written in "
+            "the speculators format: its DFlash sizes fc from the drafter's own width (src/speculators/models/dflash/"
+            'core.py); serve the portable checkpoint instead: speculative_config={"method": "dflash", "model": DRAFTER}'
+        )
     layer = {name: getattr(config, name) for name in LAYER_FIELDS} | {
         "model_type": "qwen3",
         "hidden_act": "silu",
@@ -85,7 +91,8 @@ def speculators_config(config) -> dict:
 def export_speculators(drafter_dir: Path, out: Path, target_dir: Path | None = None, force: bool = False) -> Path:
     """Write `out` self-contained, as speculators' converter does (vllm-project/speculators
     src/speculators/convert/dflash/converter.py): the target's `embed_tokens` and `lm_head` (the draft ids' rows for
-    a draft vocabulary, with `t2d`) ship beside the drafter's own weights, so the target is needed."""
+    a draft vocabulary, with `t2d`), or the drafter's own, ship beside the drafter's layers, so the target is
+    needed."""
     drafter_dir, out = Path(drafter_dir), Path(out)
     config, weights = load_drafter_files(drafter_dir)
     if config.kind != "parallel":
@@ -105,12 +112,14 @@ def export_speculators(drafter_dir: Path, out: Path, target_dir: Path | None = N
     target.check_drafter(config)
     dtype = weights["fc.weight"].dtype
     head = target.model.get_output_embeddings().weight.detach().cpu()
-    # copies: a tied target's embedding and head are one tensor, and the file holds both
-    weights["embed_tokens.weight"] = target.model.get_input_embeddings().weight.detach().cpu().to(dtype).clone()
-    weights["lm_head.weight"] = head.to(dtype).clone()
+    if not config.own_embeddings:  # a drafter with its own has them in `weights` already
+        # copies: a tied target's embedding and head are one tensor, and the file holds both
+        weights["embed_tokens.weight"] = target.model.get_input_embeddings().weight.detach().cpu().to(dtype).clone()
+        weights["lm_head.weight"] = head.to(dtype).clone()
     if config.draft_vocab_size is not None:
         rows = target_ids_of(weights["d2t"])
-        weights["lm_head.weight"] = head[rows].to(dtype)
+        if not config.own_embeddings:
+            weights["lm_head.weight"] = head[rows].to(dtype)
         weights["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool).index_fill_(0, rows, True)
 
     def write(tmp: Path) -> None:

@@ -8,8 +8,14 @@ carries `is_causal: true`). The one forward difference, depth_causal's shift-mix
 
 A reduced draft vocabulary (config.json `draft_vocab_size`, weights `d2t`) is vLLM's own EAGLE-3 layout: its
 DFlash model builds a [draft_vocab, H] LM head and maps draft ids to target ids with `d2t` in compute_logits. A
-portable checkpoint carries no LM head (it scores the target's rows), so where vLLM would share the target's full
-head, the draft head is filled with the target's rows at the draft ids instead (`_PortableDraft.__setattr__`).
+portable checkpoint without own_embeddings carries no LM head (it scores the target's rows), so where vLLM would
+share the target's full head, the draft head is filled with the target's rows at the draft ids instead
+(`_PortableDraft.__setattr__`).
+
+A drafter with own_embeddings (one narrower than its target) ships `embed_tokens` and `lm_head`; vLLM loads them
+and keeps them (its proposer shares the target's only when the checkpoint has none, or identical ones), and sizes
+fc's input from config.json's `target_hidden_size`. vLLM then never hands the drafter the target's embedding or
+head, so the served target is checked by shape only (width, layers, vocabulary), not by fingerprint.
 """
 
 from __future__ import annotations
@@ -97,7 +103,9 @@ class _PortableDraft(DFlashQwen3ForCausalLM):
         super().__setattr__(name, value)
         if name == "lm_head" and self.__dict__.get("_watch_lm_head"):
             self.check_shared_target()  # both runners share embed_tokens first, then lm_head
-            if self.portable is not None and self.portable.draft_vocab_size is not None:
+            # (an own head is shared only when identical to the target's: then there is no draft vocabulary)
+            portable = self.portable
+            if portable is not None and portable.draft_vocab_size is not None and not portable.own_embeddings:
                 super().__setattr__(name, self._fill_draft_vocab_head(value))
 
     def _fill_draft_vocab_head(self, target_head: torch.nn.Module) -> torch.nn.Module:
@@ -119,9 +127,11 @@ class _PortableDraft(DFlashQwen3ForCausalLM):
         if self._binding_checked:
             return
         vocab = self.portable.vocab_size
-        fingerprint = target_fingerprint(
-            _full_vocab_rows(self.model.embed_tokens.weight, vocab), _full_vocab_rows(self.lm_head.weight, vocab)
-        )
+        fingerprint = None  # a drafter with its own embedding and head is never handed the target's
+        if not self.portable.own_embeddings:
+            fingerprint = target_fingerprint(
+                _full_vocab_rows(self.model.embed_tokens.weight, vocab), _full_vocab_rows(self.lm_head.weight, vocab)
+            )
         target = self.served_target
         check_target_matches(
             self.portable,

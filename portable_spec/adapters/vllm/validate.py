@@ -46,7 +46,9 @@ def unsupported_version_message(version: str) -> str:
 def check_servable(config: DrafterConfig, source: str) -> None:
     """Refuse the drafter kinds vLLM cannot run. A reduced draft vocabulary is served: vLLM's DFlash model has
     `draft_vocab_size` and the EAGLE-3 `d2t` mapping; draft_model.py fills its draft-sized LM head from the target's."""
-    shared_validate.check_servable(config, source, "vLLM", "dflash proposer", reduced_vocabulary=True)
+    shared_validate.check_servable(
+        config, source, "vLLM", "dflash proposer", reduced_vocabulary=True, own_embeddings=True
+    )
 
 
 def check_method(method: str | None, source: str) -> None:
