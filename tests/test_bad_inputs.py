@@ -378,6 +378,16 @@ CASES = [
     ),
     Case("train --data MISSING_FILE", TRAIN[:-1] + ("{missing}",), expect=r"--data .*missing: not a file"),
     Case(
+        "train --target-prompts 8 for a target without a chat template",
+        TRAIN + ("--target-prompts", "8"),
+        expect=r"--target-prompts: the target's tokenizer has no chat template",
+    ),
+    Case(
+        "train --target-prompts -1",
+        TRAIN + ("--target-prompts", "-1"),
+        expect=r"target_prompts=-1: Input should be greater than or equal to 0",
+    ),
+    Case(
         "train --num-prompts 0",
         TRAIN + ("--num-prompts", "0"),
         expect=r"num_prompts=0: Input should be greater than or equal to 1",

@@ -232,3 +232,13 @@ def test_widened_drafter_drafts_what_the_original_drafts(tmp_path):
         for d in (original, wide)
     ]
     assert (logits[0] - logits[1]).abs().max().item() < 1e-3
+
+
+def test_import_cli_says_the_drafter_owns_its_embedding(tmp_path, target, capsys):
+    from portable_spec.cli import main
+    from portable_spec.conformance.upstream_layouts import write_portable_as_upstream
+
+    target.model.save_pretrained(tmp_path / "target")
+    upstream = write_portable_as_upstream("zlab", tmp_path / "zlab", _narrow(target, "parallel").save(tmp_path / "d"))
+    assert main(["import", str(upstream), str(tmp_path / "out"), "--target", str(tmp_path / "target")]) == 0
+    assert "own embedding and head (48 wide, target 64)" in capsys.readouterr().out

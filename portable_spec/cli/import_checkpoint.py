@@ -33,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
         vocab += f", layers {config.layer_types} (window {config.sliding_window})"
     if config.kind == "parallel" and config.variant.block_attention != "bidirectional":
         vocab += f", block attention {config.variant.block_attention}"
+    if config.own_embeddings:
+        vocab += f", own embedding and head ({config.hidden_size} wide, target {config.target.hidden_size})"
     print(
         f"wrote {result.out}: {result.layout} DFlash drafter as a portable {config.kind} drafter, "
         f"block_size={config.block_size}, {config.num_hidden_layers} layers, target_layer_ids="

@@ -64,6 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="With --prompt-turns all: also each later turn with the conversation before it (within the cap).",
     )
+    recipe.add_argument(
+        "--target-prompts",
+        type=int,
+        default=0,
+        help="Also this many prompts the target writes itself after its chat template's user header (Magpie), "
+        "de-duplicated; the held-out set stays the data set's.",
+    )
     recipe.add_argument("--max-prompt-tokens", type=int, default=256)
     recipe.add_argument("--max-new-tokens", type=int, default=256, help="Reply length when regenerating.")
     recipe.add_argument(
@@ -191,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
         num_prompts=args.num_prompts,
         prompt_turns=args.prompt_turns,
         prompt_context=args.prompt_context,
+        target_prompts=args.target_prompts,
         max_prompt_tokens=args.max_prompt_tokens,
         replies=ReplyConfig(
             per_prompt=args.replies_per_prompt,
@@ -291,6 +299,12 @@ def _train(
         resolve_target(args.target)  # a known target is converted once, by rank 0
     distributed.barrier(ranks)
     target_dir = resolve_target(args.target)
+    if recipe.target_prompts and not prompts_prepared(args.work_dir):  # its tokenizer alone, before the model loads
+        from transformers import AutoTokenizer
+
+        from portable_spec.training.target_prompts import user_turn_template
+
+        user_turn_template(AutoTokenizer.from_pretrained(str(target_dir)))
     target = TargetModel.load(target_dir, dtype=DTYPES[args.dtype], tokenizer=True)
     shard_target(target, ranks, args.target_parallel)  # before the move: each rank's device takes its shards only
     target.model.to(device)

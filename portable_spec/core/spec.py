@@ -184,7 +184,7 @@ class DrafterConfig(_Strict):
     )
     num_hidden_layers: int = Field(ge=1, le=64, description="Drafter decoder layers.")
     hidden_size: int = Field(
-        gt=0, description="Drafter width: the target's, or narrower with own_embeddings (features enter through fc)."
+        gt=0, description="Drafter width: the target's, or another with own_embeddings (features enter through fc)."
     )
     num_attention_heads: int = Field(gt=0, description="Query heads.")
     num_key_value_heads: int = Field(gt=0, description="KV heads; must divide num_attention_heads.")
@@ -256,8 +256,8 @@ class DrafterConfig(_Strict):
         if self.hidden_size != self.target.hidden_size and not self.own_embeddings:
             raise ValueError(
                 f"hidden_size={self.hidden_size} differs from target.hidden_size={self.target.hidden_size} but "
-                "own_embeddings is false; a drafter narrower than its target cannot use the target's embedding and "
-                "LM head: set own_embeddings: true and ship embed_tokens and lm_head"
+                "own_embeddings is false; a drafter of another width cannot use the target's embedding and LM head: "
+                "set own_embeddings: true and ship embed_tokens and lm_head"
             )
         self._check_layer_attention()
         ids = self.target_layer_ids

@@ -167,7 +167,7 @@ def drafter_config_for(
 ) -> DrafterConfig:
     """A drafter config shaped like the target's layers (same width, heads, rope), bound to the target; sliding
     layers and the parallel kind's block attention as given (spec.py says what each means). A `hidden_size` other
-    than the target's makes a narrower drafter with its own embedding and LM head."""
+    than the target's makes a drafter of that width with its own embedding and LM head."""
     t = target.config
     width = hidden_size or t.hidden_size
     options = {

@@ -30,9 +30,10 @@ def tiny_target(seed: int = 0, **overrides) -> TargetModel:
 
 
 def tiny_drafter(
-    target: TargetModel, kind: str, block_size: int = 8, seed: int = 1, num_hidden_layers: int = 2, **attention
+    target: TargetModel, kind: str, block_size: int = 8, seed: int = 1, num_hidden_layers: int = 2, **options
 ) -> Drafter:
-    """`attention`: layer_types, sliding_window, block_attention, rope_scaling, hidden_size (drafter_config_for)."""
+    """`options`: drafter_config_for's layer_types, sliding_window, block_attention, rope_scaling, hidden_size,
+    draft_vocab_size."""
     config = drafter_config_for(
         target,
         kind=kind,
@@ -40,7 +41,7 @@ def tiny_drafter(
         num_hidden_layers=num_hidden_layers,
         target_layer_ids=[0, 1],
         mask_token_id=target.config.vocab_size - 1,
-        **attention,
+        **options,
     )
     torch.manual_seed(seed)
     drafter = target.bind(Drafter(config))

@@ -152,16 +152,26 @@ class _VllmReplies:
         self.sampling_params = SamplingParams
 
     def __call__(
-        self, prompts: list[list[int]], max_new_tokens: int, sample: tuple[ReplyConfig, int] | None = None
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        sample: tuple[ReplyConfig, int] | None = None,
+        stop: int | None = None,
     ) -> list[list[int]]:
-        """Greedy replies, or with sample=(config, seed) sampled ones (each request seeded by seed + its row)."""
+        """Greedy replies, or with sample=(config, seed) sampled ones (each request seeded by seed + its row);
+        ending at the model's EOS, or at `stop` (kept as the last token)."""
+        stops = {} if stop is None else {"stop_token_ids": [stop], "include_stop_str_in_output": True}
         if sample is None:
-            params = [self.sampling_params(temperature=0.0, max_tokens=max_new_tokens)] * len(prompts)
+            params = [self.sampling_params(temperature=0.0, max_tokens=max_new_tokens, **stops)] * len(prompts)
         else:
             config, seed = sample
             params = [
                 self.sampling_params(
-                    temperature=config.temperature, top_p=config.top_p, seed=seed + row, max_tokens=max_new_tokens
+                    temperature=config.temperature,
+                    top_p=config.top_p,
+                    seed=seed + row,
+                    max_tokens=max_new_tokens,
+                    **stops,
                 )
                 for row in range(len(prompts))
             ]
@@ -182,9 +192,15 @@ class _HfReplies:
 
     @torch.no_grad()
     def __call__(
-        self, prompts: list[list[int]], max_new_tokens: int, sample: tuple[ReplyConfig, int] | None = None
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        sample: tuple[ReplyConfig, int] | None = None,
+        stop: int | None = None,
     ) -> list[list[int]]:
-        """Greedy replies, or with sample=(config, seed) sampled ones (the RNG seeded for this call only)."""
+        """Greedy replies, or with sample=(config, seed) sampled ones (the RNG seeded for this call only); ending at
+        the model's EOS, or at `stop` (kept as the last token)."""
+        end = self.eos if stop is None else stop
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), self.pad, dtype=torch.long)
         mask = torch.zeros_like(ids)
@@ -205,14 +221,25 @@ class _HfReplies:
                 max_new_tokens=max_new_tokens,
                 pad_token_id=self.pad,
                 cache_implementation=self.cache,
+                **({} if stop is None else {"eos_token_id": stop}),
                 **options,
             )
         replies = []
         for row in out[:, width:].tolist():
-            if self.eos is not None and self.eos in row:
-                row = row[: row.index(self.eos) + 1]
+            if end is not None and end in row:
+                row = row[: row.index(end) + 1]
             replies.append(row)
         return replies
+
+
+def reply_writer(
+    target_dir: Path, kind: str, device: str, dtype: torch.dtype, max_model_len: int, cache: str = "dynamic"
+) -> Callable[..., list[list[int]]]:
+    """The target writing continuations (`kind` from pick_generator): called as (prompts, max_new_tokens,
+    sample=None | (ReplyConfig, seed), stop=None | token id) -> generated ids per prompt."""
+    if kind == "vllm":
+        return _VllmReplies(target_dir, max_model_len)
+    return _HfReplies(target_dir, device, dtype, cache)
 
 
 def generate_replies(
@@ -288,10 +315,7 @@ def _generate_shards(
     replies: ReplyConfig,
 ) -> None:
     longest = max(len(p) for p in prompts) + max_new_tokens
-    if kind == "vllm":
-        replies_for = _VllmReplies(target_dir, longest)
-    else:
-        replies_for = _HfReplies(target_dir, device, dtype, replies.cache)
+    replies_for = reply_writer(target_dir, kind, device, dtype, longest, replies.cache)
     bar = tqdm(
         total=len(prompts), initial=len(prompts) - sum(len(c) for _, c in todo), unit="prompt", desc=f"distill ({kind})"
     )

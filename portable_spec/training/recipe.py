@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -21,13 +22,21 @@ from portable_spec.core.spec import DrafterConfig, SpecError, read_json_object
 from portable_spec.core.target import TargetModel
 from portable_spec.training import distributed
 from portable_spec.training.batches import ReplyBatches
-from portable_spec.training.distill_data import Generator, ReplyConfig, generate_replies, load_sequences
+from portable_spec.training.distill_data import (
+    Generator,
+    ReplyConfig,
+    generate_replies,
+    load_sequences,
+    pick_generator,
+    reply_writer,
+)
 from portable_spec.training.distributed import SINGLE, Ranks
 from portable_spec.training.feature_cache import FeatureDataset, cache_features
 from portable_spec.training.feature_mode import FeatureMode, choose_features, device_memory
 from portable_spec.training.heldout import HeldoutAcceptance, HeldoutTracker
-from portable_spec.training.prompts import chat_prompt_split, read_prompts, write_prompts
+from portable_spec.training.prompts import chat_prompt_split, length_bucketed, read_prompts, write_prompts
 from portable_spec.training.sharegpt import PromptTurns
+from portable_spec.training.target_prompts import Writer, target_written_prompts
 from portable_spec.training.train import TrainConfig, autocast_for, drafter_config_for, train_loop
 
 
@@ -100,6 +109,9 @@ class RecipeConfig(BaseModel):
         "first", description="Human turns used as prompts: each conversation's first, or all."
     )
     prompt_context: bool = Field(False, description="Also each later turn with the turns before it (within the cap).")
+    target_prompts: int = Field(
+        0, ge=0, description="Prompts the target writes itself (Magpie: target_prompts.py) added to the train ones."
+    )
     heldout_prompts: int = Field(256, ge=0, description="Held-out prompts written beside them for benchmarks.")
     max_prompt_tokens: int = Field(256, ge=1, description="Longer prompts are skipped.")
     max_new_tokens: int = Field(256, ge=1, description="Reply length when regenerating.")
@@ -142,12 +154,19 @@ def prompts_prepared(work_dir: Path) -> bool:
 
 
 PROMPT_SETTINGS = "prompt_settings.json"
-PROMPT_FIELDS = ("prompt_turns", "prompt_context", "max_prompt_tokens", "heldout_prompts")
+PROMPT_FIELDS = ("prompt_turns", "prompt_context", "max_prompt_tokens", "heldout_prompts", "target_prompts")
 
 
-def prepare_prompts(tokenizer, data_path: Path | None, work_dir: Path, recipe: RecipeConfig) -> list[list[int]]:
-    """Train prompts (cached in work_dir); the held-out split is written beside them for benchmarks. A prepared
-    work dir is reused only for the settings it was prepared with (else one error naming what changed)."""
+def prepare_prompts(
+    tokenizer,
+    data_path: Path | None,
+    work_dir: Path,
+    recipe: RecipeConfig,
+    target_writer: Callable[[], Writer] | None = None,
+) -> list[list[int]]:
+    """Train prompts (cached in work_dir): the data set's, then `recipe.target_prompts` the target writes
+    (`target_writer()` makes the writer, only then); the held-out split is written beside them for benchmarks. A
+    prepared work dir is reused only for the settings it was prepared with (else one error naming what changed)."""
     train_file, heldout_file, settings_file = (
         work_dir / TRAIN_PROMPTS,
         work_dir / HELDOUT_PROMPTS,
@@ -169,6 +188,19 @@ def prepare_prompts(tokenizer, data_path: Path | None, work_dir: Path, recipe: R
                 turns=recipe.prompt_turns,
                 context=recipe.prompt_context,
             )
+            if recipe.target_prompts:
+                if target_writer is None:
+                    raise SpecError("--target-prompts needs the target to write them (no writer was given)")
+                written = target_written_prompts(
+                    tokenizer,
+                    target_writer(),
+                    recipe.target_prompts,
+                    seed=recipe.replies.seed,
+                    max_prompt_tokens=recipe.max_prompt_tokens,
+                    batch=recipe.reply_batch_size,
+                )
+                print(f"prompts: the target wrote {len(written)} of {recipe.target_prompts} asked", flush=True)
+                train = length_bucketed(train + written)
             write_prompts(heldout_file, heldout)
             settings_file.write_text(json.dumps(settings) + "\n")
             write_prompts(train_file, train)
@@ -265,7 +297,13 @@ def run_recipe(
     check_trainable_size(config, target.device)
     if ranks.main:  # rank 0 prepares them; the others read them once they are written
         work_dir.mkdir(parents=True, exist_ok=True)
-        prompts = prepare_prompts(tokenizer, data_path, work_dir, recipe)
+
+        def target_writer() -> Writer:
+            kind = pick_generator(recipe.generator)
+            length = 4 * recipe.max_prompt_tokens  # the template's header plus a whole prompt, with room to spare
+            return reply_writer(target_dir, kind, str(target.device), target.model.dtype, length, recipe.replies.cache)
+
+        prompts = prepare_prompts(tokenizer, data_path, work_dir, recipe, target_writer)
     distributed.barrier(ranks)
     if not ranks.main:
         prompts = prepare_prompts(tokenizer, data_path, work_dir, recipe)

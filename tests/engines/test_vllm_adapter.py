@@ -601,13 +601,14 @@ def windowed_dirs(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-@pytest.fixture(scope="module")
-def windowed_runs(vllm_module, prompts, windowed_dirs):
+def first_proposal_runs(prompts, dirs: dict[str, Path], k: int = 15) -> dict[str, dict]:
+    """Each drafter in vLLM with k drafts: its first proposal on prompt 0 (instrumented), then the greedy tokens
+    and tau over all prompts."""
     runs = {}
-    for name, directory in windowed_dirs.items():
+    for name, directory in dirs.items():
         with pytest.MonkeyPatch.context() as patch:
             first = FirstProposal(patch)
-            with vllm_engine(ASSETS / "target", directory, 15) as llm:
+            with vllm_engine(ASSETS / "target", directory, k) as llm:
                 generate(llm, prompts[:1], max_tokens=2)
                 drafts_before, accepted_before = spec_counters(llm)
                 tokens = generate(llm, prompts)
@@ -618,6 +619,11 @@ def windowed_runs(vllm_module, prompts, windowed_dirs):
             "tau": 1 + (accepted - accepted_before) / (drafts - drafts_before),
         }
     return runs
+
+
+@pytest.fixture(scope="module")
+def windowed_runs(vllm_module, prompts, windowed_dirs):
+    return first_proposal_runs(prompts, windowed_dirs)
 
 
 @pytest.mark.engine
@@ -696,21 +702,7 @@ def own_embedding_dirs(drafter_dirs, tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def own_embedding_runs(vllm_module, prompts, own_embedding_dirs):
-    runs = {}
-    for name, directory in own_embedding_dirs.items():
-        with pytest.MonkeyPatch.context() as patch:
-            first = FirstProposal(patch)
-            with vllm_engine(ASSETS / "target", directory, 15) as llm:
-                generate(llm, prompts[:1], max_tokens=2)
-                drafts_before, accepted_before = spec_counters(llm)
-                tokens = generate(llm, prompts)
-                drafts, accepted = spec_counters(llm)
-        runs[name] = {
-            "tokens": tokens,
-            "first": first.record,
-            "tau": 1 + (accepted - accepted_before) / (drafts - drafts_before),
-        }
-    return runs
+    return first_proposal_runs(prompts, own_embedding_dirs)
 
 
 @pytest.mark.engine

@@ -12,7 +12,7 @@ portable checkpoint without own_embeddings carries no LM head (it scores the tar
 share the target's full head, the draft head is filled with the target's rows at the draft ids instead
 (`_PortableDraft.__setattr__`).
 
-A drafter with own_embeddings (one narrower than its target) ships `embed_tokens` and `lm_head`; vLLM loads them
+A drafter with own_embeddings (e.g. one narrower than its target) ships `embed_tokens` and `lm_head`; vLLM loads them
 and keeps them (its proposer shares the target's only when the checkpoint has none, or identical ones), and sizes
 fc's input from config.json's `target_hidden_size`. vLLM then never hands the drafter the target's embedding or
 head, so the served target is checked by shape only (width, layers, vocabulary), not by fingerprint.
