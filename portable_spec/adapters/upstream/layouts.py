@@ -13,9 +13,9 @@ Two layouts, from their public source:
 Both hold the same weights under the same names (`fc`, `hidden_norm`, `layers.*`, `norm`); the embedding and head
 tensors some of them ship (`embed_tokens`, `lm_head`, `t2d`, speculators' frozen `verifier_*` copies) are set aside
 for the importer to compare with the target's (a drafter whose `hidden_size` differs from its `target_hidden_size`
-ships its own). Sliding-window layers, causal blocks and YaRN are read as the upstream code
-reads them (`sliding_layers`, `block_attention`, `rope_scaling`); whatever has no portable equivalent (DFlash2 blocks, logit scales, fused-layer
-variants, pickled files) is refused by name.
+ships its own). Sliding-window layers, causal blocks and YaRN are read as the upstream code reads them
+(`sliding_layers`, `block_attention`, `rope_scaling`); whatever has no portable equivalent (DFlash2 blocks, logit
+scales, fused-layer variants, pickled files) is refused by name.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class UpstreamDrafter:
     layout: str
     fields: dict  # portable DrafterConfig fields, all but `variant` and `target`
     weights: dict[str, torch.Tensor]  # drafter-owned, under portable names (d2t kept for a draft vocabulary)
-    target_side: dict[str, torch.Tensor]  # tensors the target owns, for the importer to check
+    target_side: dict[str, torch.Tensor]  # embedding/head tensors shipped: the target's, or the drafter's own
     num_target_layers: int | None  # what the checkpoint says its target has, if it says
     verifier: str | None = None  # the target the checkpoint names, if any
     target_hidden_size: int | None = None  # the target width the checkpoint says fc reads, if it says
