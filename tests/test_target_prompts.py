@@ -33,7 +33,7 @@ def _tokenizer(template):
 
 @pytest.fixture(scope="module")
 def write():
-    return reply_writer(fixtures.target_dir(), "hf", "cpu", torch.float32, 256)
+    return reply_writer(fixtures.target_dir(), "hf", "cpu", torch.float32, 256, 16)
 
 
 def test_user_turn_template():

@@ -143,12 +143,35 @@ def pick_generator(generator: Generator, ranks: Ranks = SINGLE) -> str:
     return generator
 
 
+KV_BLOCK_SLACK = 256  # tokens per sequence beyond max_model_len: vLLM allocates whole blocks (up to 128 on a CPU)
+MIN_KV_CACHE_BYTES = 64 << 20  # vLLM needs some blocks whatever the batch
+
+
+def kv_cache_bytes(target_dir: Path, max_model_len: int, max_num_seqs: int) -> int:
+    """fp32 K and V for `max_num_seqs` sequences of `max_model_len` tokens (block-rounded): what a reply batch
+    needs. vLLM would otherwise reserve most of the device's memory (on a CPU, 92% of RAM), so a second engine in
+    the same run (the held-out replies) could not start beside the first."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(target_dir))
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4
+    return max(per_token * (max_model_len + KV_BLOCK_SLACK) * max_num_seqs, MIN_KV_CACHE_BYTES)
+
+
 class _VllmReplies:
-    def __init__(self, target_dir: Path, max_model_len: int) -> None:
+    def __init__(self, target_dir: Path, max_model_len: int, max_num_seqs: int) -> None:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm import LLM, SamplingParams
 
-        self.llm = LLM(model=str(target_dir), max_model_len=max_model_len, dtype="float32", seed=0)
+        self.llm = LLM(
+            model=str(target_dir),
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            kv_cache_memory_bytes=kv_cache_bytes(target_dir, max_model_len, max_num_seqs),
+            dtype="float32",
+            seed=0,
+        )
         self.sampling_params = SamplingParams
 
     def __call__(
@@ -233,12 +256,19 @@ class _HfReplies:
 
 
 def reply_writer(
-    target_dir: Path, kind: str, device: str, dtype: torch.dtype, max_model_len: int, cache: str = "dynamic"
+    target_dir: Path,
+    kind: str,
+    device: str,
+    dtype: torch.dtype,
+    max_model_len: int,
+    max_num_seqs: int,
+    cache: str = "dynamic",
 ) -> Callable[..., list[list[int]]]:
-    """The target writing continuations (`kind` from pick_generator): called as (prompts, max_new_tokens,
+    """The target writing continuations (`kind` from pick_generator) for up to `max_num_seqs` prompts a call, each
+    at most `max_model_len` tokens with its continuation: called as (prompts, max_new_tokens,
     sample=None | (ReplyConfig, seed), stop=None | token id) -> generated ids per prompt."""
     if kind == "vllm":
-        return _VllmReplies(target_dir, max_model_len)
+        return _VllmReplies(target_dir, max_model_len, max_num_seqs)
     return _HfReplies(target_dir, device, dtype, cache)
 
 
@@ -315,7 +345,7 @@ def _generate_shards(
     replies: ReplyConfig,
 ) -> None:
     longest = max(len(p) for p in prompts) + max_new_tokens
-    replies_for = reply_writer(target_dir, kind, device, dtype, longest, replies.cache)
+    replies_for = reply_writer(target_dir, kind, device, dtype, longest, max(len(c) for _, c in todo), replies.cache)
     bar = tqdm(
         total=len(prompts), initial=len(prompts) - sum(len(c) for _, c in todo), unit="prompt", desc=f"distill ({kind})"
     )

@@ -301,7 +301,9 @@ def run_recipe(
         def target_writer() -> Writer:
             kind = pick_generator(recipe.generator)
             length = 4 * recipe.max_prompt_tokens  # the template's header plus a whole prompt, with room to spare
-            return reply_writer(target_dir, kind, str(target.device), target.model.dtype, length, recipe.replies.cache)
+            batch = recipe.reply_batch_size
+            device, dtype = str(target.device), target.model.dtype
+            return reply_writer(target_dir, kind, device, dtype, length, batch, recipe.replies.cache)
 
         prompts = prepare_prompts(tokenizer, data_path, work_dir, recipe, target_writer)
     distributed.barrier(ranks)

