@@ -128,7 +128,9 @@ def start(ranks: Ranks, device: torch.device) -> None:
 
 
 def finish() -> None:
-    if dist.is_initialized():
+    """Leave the process group `start` joined; a group another library made (vLLM's in-process engine, for
+    replies) is that library's to destroy."""
+    if _met and dist.is_initialized():
         dist.destroy_process_group()
 
 

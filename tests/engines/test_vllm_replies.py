@@ -37,3 +37,23 @@ def test_two_vllm_reply_stages_in_one_process_equal_hf(vllm_module, tmp_path):
     assert _replies(second) == _replies(hf)[:2]
     # what each engine reserved: the batch's fp32 K/V, 64 MiB at least (vLLM's default is 92% of RAM on a CPU)
     assert kv_cache_bytes(target, 20 + 24, 2) == 64 << 20
+
+
+def test_train_reply_stages_through_vllm_end_cleanly(vllm_module, tmp_path):
+    """`portable-spec train --generator vllm` up to the replies: the training and held-out reply engines both start
+    in one process (before the engines' KV cache was sized, the second found no memory), and it ends cleanly."""
+    import json
+    import subprocess
+    import sys
+
+    data = tmp_path / "chat.json"
+    turns = [{"id": f"c{i}", "conversations": [{"from": "human", "value": f"def f{i}(x):"}]} for i in range(80)]
+    data.write_text(json.dumps(turns))
+    command = [sys.executable, "-m", "portable_spec.cli", "train", "--target", str(fixtures.target_dir())]
+    command += ["--kind", "parallel", "--out", str(tmp_path / "d"), "--work-dir", str(tmp_path / "w")]
+    command += ["--data", str(data), "--until", "replies", "--generator", "vllm", "--num-prompts", "6"]
+    command += ["--max-new-tokens", "8", "--heldout-eval-prompts", "2", "--reply-batch-size", "4"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]
+    assert len(list((tmp_path / "w" / "heldout").glob("shard-*.safetensors"))) == 1
