@@ -90,6 +90,10 @@ def test_prompt_stage_adds_them_to_the_train_prompts_only(tmp_path, write):
     assert (tmp_path / "plain" / HELDOUT_PROMPTS).read_text() == (tmp_path / "grown" / HELDOUT_PROMPTS).read_text()
     ids = [entry["id"] for entry in json.loads((tmp_path / "grown" / TRAIN_PROMPTS).read_text())]
     assert sum(str(i).startswith("target-") for i in ids) == 8
+    # fewer data prompts than prepared: a prefix of the data set's, and still every prompt the target wrote
+    fewer = prepare_prompts(tokenizer, data, tmp_path / "grown", with_target.model_copy(update={"num_prompts": 20}))
+    written = {tuple(p) for p in grown} - set(map(tuple, base))
+    assert len(fewer) == 28 and written <= set(map(tuple, fewer))
     with pytest.raises(SpecError, match="target-prompts: prepared 8, asked 4"):
         prepare_prompts(tokenizer, data, tmp_path / "grown", with_target.model_copy(update={"target_prompts": 4}))
 

@@ -36,7 +36,7 @@ from portable_spec.training.feature_mode import FeatureMode, choose_features, de
 from portable_spec.training.heldout import HeldoutAcceptance, HeldoutTracker
 from portable_spec.training.prompts import chat_prompt_split, length_bucketed, read_prompts, write_prompts
 from portable_spec.training.sharegpt import PromptTurns
-from portable_spec.training.target_prompts import Writer, target_written_prompts
+from portable_spec.training.target_prompts import Writer, is_target_written, target_written_prompts
 from portable_spec.training.train import TrainConfig, autocast_for, drafter_config_for, train_loop
 
 
@@ -204,12 +204,16 @@ def prepare_prompts(
             write_prompts(heldout_file, heldout)
             settings_file.write_text(json.dumps(settings) + "\n")
             write_prompts(train_file, train)
-    prompts = [p["ids"] for p in read_prompts(train_file)]
+    entries = read_prompts(train_file)
+    from_data = [not is_target_written(entry) for entry in entries]
     if settings_file.is_file():  # work dirs prepared before the settings were recorded have none
         _check_prompt_settings(
-            work_dir, read_json_object(settings_file, f"delete {work_dir} to start over"), settings, len(prompts)
+            work_dir, read_json_object(settings_file, f"delete {work_dir} to start over"), settings, sum(from_data)
         )
-    return prompts[: recipe.num_prompts]
+    # the first num_prompts of the data set's (fewer than prepared is fine) and every prompt the target wrote
+    kept = [index for index, data in enumerate(from_data) if data][: recipe.num_prompts]
+    kept += [index for index, data in enumerate(from_data) if not data]
+    return [entries[index]["ids"] for index in sorted(kept)]
 
 
 def _check_prompt_settings(work_dir: Path, saved: dict, asked: dict, prepared: int) -> None:

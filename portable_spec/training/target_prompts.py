@@ -16,6 +16,7 @@ from portable_spec.training.sharegpt import chat_prompt_ids
 MARK = "\u2063PORTABLE_SPEC_USER_TEXT\u2063"  # a string no template contains, to find where the user's text goes
 TEMPERATURE, TOP_P = 1.0, 1.0  # Magpie's sampling: the target's own distribution over requests
 MAX_ROUNDS = 8  # batches of `count` samples tried before giving up on reaching `count` new prompts
+ID_PREFIX = "target-"  # prompt ids: target-<seed>-<n>
 
 # (prompts, max_new_tokens, sample=(ReplyConfig, seed), stop=token id) -> generated ids per prompt, as
 # distill_data's reply writers (HF generate, vLLM)
@@ -59,5 +60,10 @@ def target_written_prompts(
             seen.add(text)
             ids = chat_prompt_ids(tokenizer, (("user", text),))
             if len(ids) <= max_prompt_tokens and len(prompts) < count:
-                prompts.append({"id": f"target-{seed}-{len(prompts)}", "ids": ids})
+                prompts.append({"id": f"{ID_PREFIX}{seed}-{len(prompts)}", "ids": ids})
     return prompts
+
+
+def is_target_written(prompt: dict) -> bool:
+    """A prompts-file entry the target wrote (not from the data set)."""
+    return str(prompt.get("id", "")).startswith(ID_PREFIX)
