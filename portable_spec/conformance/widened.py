@@ -55,13 +55,8 @@ def widened(source: Path, target: TargetModel, out: Path, width: int) -> Path:
         raise ValueError(f"{source}: widening takes a drafter sharing the target's embedding to a width > {hidden}")
     wide = {name: _widen_one(name, tensor, hidden, width) for name, tensor in weights.items()}
     dtype = weights["fc.weight"].dtype
-    head = target.model.get_output_embeddings().weight.detach().cpu()
-    if config.draft_vocab_size is not None:
-        head = head[target_ids_of(weights["d2t"])]
-    wide["embed_tokens.weight"] = _pad(
-        target.model.get_input_embeddings().weight.detach().cpu(), columns=width - hidden
-    )
-    wide["lm_head.weight"] = _pad(head, columns=width - hidden)
+    rows = None if config.draft_vocab_size is None else target_ids_of(weights["d2t"])
+    wide |= {name: _pad(t, columns=width - hidden) for name, t in target.embedding_and_head(rows).items()}
     wide = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor for name, tensor in wide.items()}
     wider = DrafterConfig.model_validate({**config.model_dump(), "hidden_size": width, "own_embeddings": True})
     return save_drafter(out, wider, wide)

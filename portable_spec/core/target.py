@@ -70,6 +70,15 @@ class TargetModel:
     def shared_modules(self) -> SharedTargetModules:
         return SharedTargetModules(self.model.get_input_embeddings(), self.model.get_output_embeddings())
 
+    def embedding_and_head(self, draft_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The target's embedding [V, H] and LM head (its rows at `draft_ids` for a draft vocabulary) on the CPU,
+        under the names a drafter with own_embeddings stores them; what a shared drafter embeds and scores with."""
+        head = self.model.get_output_embeddings().weight.detach().cpu()
+        return {
+            "embed_tokens.weight": self.model.get_input_embeddings().weight.detach().cpu(),
+            "lm_head.weight": head if draft_ids is None else head[draft_ids],
+        }
+
     def check_drafter(self, config: DrafterConfig) -> None:
         check_target_matches(
             config,

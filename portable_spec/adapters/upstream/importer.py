@@ -56,10 +56,7 @@ def embedding_and_head(
     draft vocabulary) shares them, as every engine then does; one that ships others keeps its own (a missing one
     taken from the target). A drafter of another width must ship both: it cannot use the target's."""
     width = target.config.hidden_size
-    rows = _draft_rows(upstream, config, source)
-    embedding = target.model.get_input_embeddings().weight.detach().cpu()
-    head = target.model.get_output_embeddings().weight.detach().cpu()
-    targets = {"embed_tokens.weight": embedding, "lm_head.weight": head if rows is None else head[rows]}
+    targets = target.embedding_and_head(_draft_rows(upstream, config, source))
     dtype = upstream.weights["fc.weight"].dtype  # one dtype per checkpoint, the layers'
     shipped = {name: upstream.target_side[name].to(dtype) for name in targets if name in upstream.target_side}
     if config.hidden_size != width:

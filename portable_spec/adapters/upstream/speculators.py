@@ -111,16 +111,12 @@ def export_speculators(drafter_dir: Path, out: Path, target_dir: Path | None = N
     target = TargetModel.load(target_dir)
     target.check_drafter(config)
     dtype = weights["fc.weight"].dtype
-    head = target.model.get_output_embeddings().weight.detach().cpu()
+    rows = None if config.draft_vocab_size is None else target_ids_of(weights["d2t"])
+    if rows is not None:
+        weights["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool).index_fill_(0, rows, True)
     if not config.own_embeddings:  # a drafter with its own has them in `weights` already
         # copies: a tied target's embedding and head are one tensor, and the file holds both
-        weights["embed_tokens.weight"] = target.model.get_input_embeddings().weight.detach().cpu().to(dtype).clone()
-        weights["lm_head.weight"] = head.to(dtype).clone()
-    if config.draft_vocab_size is not None:
-        rows = target_ids_of(weights["d2t"])
-        if not config.own_embeddings:
-            weights["lm_head.weight"] = head[rows].to(dtype)
-        weights["t2d"] = torch.zeros(config.vocab_size, dtype=torch.bool).index_fill_(0, rows, True)
+        weights.update({name: t.to(dtype).clone() for name, t in target.embedding_and_head(rows).items()})
 
     def write(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(speculators_config(config), indent=2) + "\n")
