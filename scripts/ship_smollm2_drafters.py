@@ -1,7 +1,13 @@
 """Copy drafters trained by `portable-spec train` into portable_spec/assets/smollm2 (float weights as bf16 to keep
-the package small; d2t stays int64) and write MANIFEST.json from the work directory's records.
+the package small; d2t stays int64) and record them in MANIFEST.json from the work directory's records.
 
     python scripts/ship_smollm2_drafters.py --work-dir runs/smollm2 --seconds-json runs/smollm2/seconds.json
+    python scripts/ship_smollm2_drafters.py --work-dir runs/more --kinds depth_causal parallel   # warm starts
+
+A run trained from scratch replaces the shipped drafter and the manifest's data figures. A run warm-started from
+the shipped drafter (`--init-from portable_spec/assets/smollm2/drafters/KIND`) replaces it only when its best
+held-out tau beats the shipped drafter's own on the same held-out sequences (the held-out log's first evaluation);
+either way the run's figures are appended to that drafter's `warm_starts` in the manifest.
 """
 
 from __future__ import annotations
@@ -16,42 +22,82 @@ from safetensors.torch import load_file
 from portable_spec.core.checkpoint import save_drafter
 from portable_spec.core.spec import VARIANT_KINDS, read_config
 from portable_spec.training.distill_data import load_sequences
+from portable_spec.training.heldout import improved_on_start, summarize_heldout_log
 
 ASSETS = Path(__file__).resolve().parents[1] / "portable_spec" / "assets" / "smollm2"
 
 
-def main() -> int:
+def data_figures(work_dir: Path) -> dict:
+    sequences = load_sequences(work_dir / "data", featurised_only=True)
+    return {
+        "train_prompts": len(sequences),
+        "reply_tokens": int((sequences.offsets[1:] - sequences.offsets[:-1] - sequences.prompt_lens).sum()),
+        "prompt_tokens": int(sequences.prompt_lens.sum()),
+    }
+
+
+def run_figures(work_dir: Path, kind: str, seconds: float | None) -> tuple[dict, str | None]:
+    """The run's steps, seconds and last-50-step loss, and the drafter it was warm-started from (None: scratch)."""
+    losses = [json.loads(line) for line in (work_dir / f"{kind}-loss.jsonl").read_text().splitlines()]
+    last = {e["step"]: e["loss"] for e in losses}
+    tail = [last[s] for s in sorted(last)[-50:]]
+    state = json.loads((work_dir / f"state-{kind}" / "trainer_state.json").read_text())
+    figures = {
+        "steps": state["step"],
+        "final_loss_mean_last_50": round(sum(tail) / len(tail), 4),
+        "train_seconds": seconds if seconds is not None else round(state.get("elapsed_seconds", 0.0), 1) or None,
+    }
+    return figures, state["train_config"].get("init_from")
+
+
+def ship(source: Path, assets: Path, kind: str) -> int:
+    """The drafter at source into the package, floats as bf16; returns its trainable parameter count."""
+    weights = load_file(str(source / "model.safetensors"))
+    shipped = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in weights.items()}
+    save_drafter(assets / "drafters" / kind, read_config(source), shipped, force=True)
+    return sum(v.numel() for v in weights.values() if v.is_floating_point())
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work-dir", type=Path, required=True)
+    parser.add_argument("--kinds", nargs="+", choices=VARIANT_KINDS, default=list(VARIANT_KINDS))
+    parser.add_argument("--assets", type=Path, default=ASSETS, help="Where the shipped drafters live")
     parser.add_argument("--seconds-json", type=Path, default=None, help="{kind: training seconds}, if recorded")
-    args = parser.parse_args()
-    sequences = load_sequences(args.work_dir / "data", featurised_only=True)
-    reply_tokens = int((sequences.offsets[1:] - sequences.offsets[:-1] - sequences.prompt_lens).sum())
-    manifest = {
-        "train_prompts": len(sequences),
-        "reply_tokens": reply_tokens,
-        "prompt_tokens": int(sequences.prompt_lens.sum()),
-        "drafters": {},
-    }
+    args = parser.parse_args(argv)
+    manifest_file = args.assets / "MANIFEST.json"
+    manifest = json.loads(manifest_file.read_text()) if manifest_file.exists() else {"drafters": {}}
+    data = data_figures(args.work_dir)
     seconds = json.loads(args.seconds_json.read_text()) if args.seconds_json else {}
-    for kind in VARIANT_KINDS:
+    for kind in args.kinds:
         source = args.work_dir / "drafters" / kind
-        config = read_config(source)
-        weights = load_file(str(source / "model.safetensors"))
-        shipped = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in weights.items()}
-        save_drafter(ASSETS / "drafters" / kind, config, shipped)
-        losses = [json.loads(line) for line in (args.work_dir / f"{kind}-loss.jsonl").read_text().splitlines()]
-        last = {e["step"]: e["loss"] for e in losses}
-        tail = [last[s] for s in sorted(last)[-50:]]
-        state = json.loads((args.work_dir / f"state-{kind}" / "trainer_state.json").read_text())
-        manifest["drafters"][kind] = {
-            "params": sum(v.numel() for k, v in weights.items() if v.is_floating_point()),
-            "intermediate_size": config.intermediate_size,
-            "steps": state["step"],
-            "final_loss_mean_last_50": round(sum(tail) / len(tail), 4),
-            "train_seconds": seconds.get(kind),
-        }
-    (ASSETS / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        figures, init_from = run_figures(args.work_dir, kind, seconds.get(kind))
+        if init_from is None:
+            params = ship(source, args.assets, kind)
+            manifest.update(data)
+            manifest["drafters"][kind] = {
+                "params": params,
+                "intermediate_size": read_config(source).intermediate_size,
+                **figures,
+            }
+            continue
+        shipped_dir = (args.assets / "drafters" / kind).resolve()
+        if Path(init_from).resolve() != shipped_dir:
+            raise SystemExit(f"error: {kind} was warm-started from {init_from}, not the shipped {shipped_dir}")
+        held_out = summarize_heldout_log(args.work_dir / f"{kind}-heldout.jsonl")
+        if not held_out:
+            raise SystemExit(f"error: {kind} has no held-out log in {args.work_dir}: nothing says it beats the shipped")
+        record = manifest["drafters"][kind]
+        run = {**data, **figures, **held_out, "replaced_shipped": improved_on_start(held_out)}
+        if run in record.setdefault("warm_starts", []):
+            print(f"{kind}: this run is already in the manifest; nothing changed")
+            continue
+        record["warm_starts"].append(run)
+        if run["replaced_shipped"]:
+            ship(source, args.assets, kind)  # the best drafter by held-out tau, written at its step
+            record["steps"] += held_out["heldout_tau_best_step"]
+            record["heldout_tau"] = held_out["heldout_tau"]
+    manifest_file.write_text(json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(manifest, indent=1))
     return 0
 

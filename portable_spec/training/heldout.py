@@ -188,3 +188,29 @@ class HeldoutTracker:
         best = load_drafter(self.best_dir)
         drafter.load_state_dict({name: t.to(drafter.fc.weight.device) for name, t in best.state_dict().items()})
         return json.loads(record.read_text())
+
+
+def summarize_heldout_log(log: Path) -> dict:
+    """A held-out log in brief: the best tau (what the written drafter reaches), the step it came at, and the tau at
+    the first evaluation (where training started: the --init-from drafter when warm-started), at the block that
+    picks the best; {} when there is no log."""
+    if not log.is_file():
+        return {}
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    if not entries:
+        return {}
+    block = next(iter(entries[0]["tau"]))
+    best = max(entries, key=lambda e: e["tau"][block])
+    return {
+        "heldout_block": int(block),
+        "heldout_tau": best["tau"][block],
+        "heldout_tau_best_step": best["step"],
+        "heldout_tau_at_start": entries[0]["tau"][block],
+        "heldout_sequences": entries[0]["sequences"],
+    }
+
+
+def improved_on_start(summary: dict) -> bool:
+    """Whether training beat where it started on its held-out sequences (summarize_heldout_log's figures): what a
+    warm-started drafter must show before it replaces the one it started from."""
+    return summary.get("heldout_tau", 0.0) > summary.get("heldout_tau_at_start", float("inf"))

@@ -633,6 +633,7 @@ class DeviceRun:
 
         from portable_spec.core.checkpoint import save_drafter
         from portable_spec.core.spec import read_config
+        from portable_spec.training.heldout import summarize_heldout_log
 
         manifest = {}
         for kind in KINDS:
@@ -650,7 +651,7 @@ class DeviceRun:
                 "weights_sha256": sha256(ship / "model.safetensors"),
                 "parts": [],
                 "warm_started_from_shipped": (self.stash / "payload/shipped" / kind).is_dir(),
-                **heldout_summary(self.work / f"{kind}-heldout.jsonl"),
+                **summarize_heldout_log(self.work / f"{kind}-heldout.jsonl"),
             }
             shutil.copy(ship / "config.json", self.results / f"{kind}.config.json")
             for curve in (f"{kind}-loss.jsonl", f"{kind}-heldout.jsonl"):
@@ -663,23 +664,6 @@ class DeviceRun:
                 manifest[kind]["parts"].append(name)
         (self.results / "drafters.json").write_text(json.dumps(manifest, indent=1) + "\n")
         self.publish()
-
-
-def heldout_summary(log: Path) -> dict:
-    """From a held-out log: the best tau (what the packed drafter reaches) and the tau at step 0 (where it started:
-    the shipped drafter when warm-started), at the block that picks the best."""
-    if not log.exists():
-        return {}
-    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-    block = next(iter(entries[0]["tau"]))
-    best = max(entries, key=lambda e: e["tau"][block])
-    return {
-        "heldout_block": int(block),
-        "heldout_tau": best["tau"][block],
-        "heldout_tau_best_step": best["step"],
-        "heldout_tau_at_start": entries[0]["tau"][block],
-        "heldout_sequences": entries[0]["sequences"],
-    }
 
 
 ENV_REPORT = """
@@ -728,9 +712,9 @@ def collect(files_at: Path, repo: Path, dest: Path, install: bool) -> dict:
 def beats_shipped(entry: dict) -> bool:
     """A GPU drafter replaces the shipped one only when it was warm-started from it and its best held-out tau is
     higher than the shipped drafter's own tau on the same held-out sequences (the log's step 0)."""
-    return bool(entry.get("warm_started_from_shipped")) and entry.get("heldout_tau", 0) > entry.get(
-        "heldout_tau_at_start", float("inf")
-    )
+    from portable_spec.training.heldout import improved_on_start
+
+    return bool(entry.get("warm_started_from_shipped")) and improved_on_start(entry)
 
 
 def ship(repo: Path, dest: Path, manifest: dict) -> None:
