@@ -64,7 +64,7 @@ def test_bench_writes_its_files_and_leaves_the_rest_of_out_alone(tmp_path, capsy
         )
         == 0
     )
-    rows = json.loads((tmp_path / "benchmarks.json").read_text())
+    rows = json.loads((tmp_path / "benchmarks.json").read_text(), parse_constant=pytest.fail)  # NaN is no JSON
     assert {r["batch_size"] for r in rows} == {1, 2} and (tmp_path / "mine.txt").read_text() == "keep"
     cut = [r for r in rows if "cut" in r["drafter"]]
     assert cut and all(r["drafts_verified_per_round"] <= 3 for r in cut)

@@ -5,8 +5,6 @@ writes a markdown table, JSON and plots (speedup, tau, per-position acceptance) 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 from dataclasses import asdict
 from pathlib import Path
 
@@ -16,7 +14,7 @@ from portable_spec.bench.bench_setup import TARGET_CHOICES, device_name, load_se
 from portable_spec.bench.evaluate import PLAIN, ComparisonRow, DecodeJob, compare, format_table, grid
 from portable_spec.cli.devices import DTYPES, check_device
 from portable_spec.core.drafter import Drafter
-from portable_spec.core.outputs import claim_output_dir, mark_output_dir, write_file_atomically
+from portable_spec.core.outputs import claim_output_dir, mark_output_dir, results_json, write_file_atomically
 from portable_spec.core.spec import SpecError
 
 BLOCK_SIZES = (4, 8, 16)
@@ -215,10 +213,8 @@ def run_decode_bench(args: argparse.Namespace) -> int:
     print("\n".join(notes))
     if args.out is not None:
         mark_output_dir(args.out, "bench", BENCH_FILES)
-        clean = [
-            {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in asdict(r).items()} for r in rows
-        ]
-        write_file_atomically(args.out / "benchmarks.json", lambda p: p.write_text(json.dumps(clean, indent=1)))
+        data = [asdict(r) for r in rows]
+        write_file_atomically(args.out / "benchmarks.json", lambda p: p.write_text(results_json(data, indent=1)))
         write_file_atomically(
             args.out / "benchmarks.md",
             lambda p: p.write_text(

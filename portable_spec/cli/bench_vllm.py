@@ -13,14 +13,13 @@ side by side. Every speculative output is compared with no speculation, token fo
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from portable_spec.core import real_assets
-from portable_spec.core.outputs import claim_output_dir, mark_output_dir, write_file_atomically
+from portable_spec.core.outputs import claim_output_dir, mark_output_dir, results_json, write_file_atomically
 from portable_spec.core.spec import SpecError, read_config
 
 METHODS = ("none", "ngram", "dflash_parallel", "depth_causal")
@@ -318,7 +317,7 @@ def run_vllm_bench(args: argparse.Namespace) -> int:
             "runs": [asdict(r) for r in runs],
             "reference": {m: {k: v for k, v in r.items() if k != "tokens"} for m, r in reference.items()},
         }
-        write_file_atomically(args.out / "vllm.json", lambda p: p.write_text(json.dumps(data, indent=1)))
+        write_file_atomically(args.out / "vllm.json", lambda p: p.write_text(results_json(data, indent=1)))
         write_file_atomically(args.out / "vllm.md", lambda p: p.write_text(text))
         write_file_atomically(args.out / "vllm.png", lambda p: plot(runs, p))
         print(f"wrote {args.out}/vllm.md, .json, .png")

@@ -8,6 +8,7 @@ A work directory or an output being written is locked, so a second run on it sto
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -22,6 +23,22 @@ from portable_spec.core.spec import SpecError
 
 OUTPUT_MARKER = ".portable-spec-output"  # JSON: {"kind": ..., "owner": ..., "shared": ...}
 LOCK_FILE = ".portable-spec.lock"
+
+
+def results_json(value, indent: int | None = None) -> str:
+    """JSON text of a result (benchmark tables, held-out logs) as RFC 8259 has it: a figure with no value, NaN or an
+    infinity (a draft slot no round reached), is null, so jq, browsers and strict parsers read every result file."""
+
+    def finite(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return [finite(x) for x in v]
+        return v
+
+    return json.dumps(finite(value), indent=indent, allow_nan=False)
 
 
 def read_marker(directory: Path) -> dict | None:

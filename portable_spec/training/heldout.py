@@ -28,7 +28,7 @@ import torch
 from portable_spec.core.checkpoint import write_drafter_files
 from portable_spec.core.decode import acceptance_by_position
 from portable_spec.core.drafter import Drafter, load_drafter
-from portable_spec.core.outputs import check_output_dir, write_dir_atomically
+from portable_spec.core.outputs import check_output_dir, results_json, write_dir_atomically
 from portable_spec.training.feature_cache import FeatureDataset
 from portable_spec.training.train import block_predictions
 
@@ -176,7 +176,7 @@ class HeldoutTracker:
         entry = {"step": step, "seconds": round(seconds, 1), **report, "best": best}
         entry["eval_seconds"] = round(time.perf_counter() - began, 2)
         with open(self.log_file, "a") as handle:
-            handle.write(json.dumps(entry) + "\n")
+            handle.write(results_json(entry) + "\n")
         self.last_seconds, self.last_step = seconds, step
         return self.plateau is not None and self.since_best >= self.plateau
 
