@@ -95,7 +95,6 @@ def test_heldout_acceptance_reports_tau_per_block(fixture_target):
         EvalConfig(blocks=(32,)).check_blocks(drafter.config.block_size)
 
 
-
 def _strict(text: str):
     """json.loads as RFC 8259 has it: NaN and Infinity are not JSON."""
     return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in a result file"))
@@ -111,6 +110,7 @@ def test_the_log_is_standard_json_with_null_for_slots_no_round_reached(fixture_t
     HeldoutTracker(evaluate, 0.0, tmp_path / "heldout.jsonl", tmp_path / "best").record(drafter, 0, 0.0)
     [entry] = [_strict(line) for line in (tmp_path / "heldout.jsonl").read_text().splitlines()]
     assert entry["acceptance_by_position"]["16"] == [None if p != p else p for p in deep]
+
 
 def _tiny_setup():
     target = tiny_target()
