@@ -17,9 +17,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
-from portable_spec.core.checkpoint import save_drafter
+from portable_spec.core.checkpoint import save_drafter_cast
 from portable_spec.core.spec import VARIANT_KINDS, read_config
 from portable_spec.training.distill_data import load_sequences
 from portable_spec.training.heldout import improved_on_start, summarize_heldout_log
@@ -52,10 +51,8 @@ def run_figures(work_dir: Path, kind: str, seconds: float | None) -> tuple[dict,
 
 def ship(source: Path, assets: Path, kind: str) -> int:
     """The drafter at source into the package, floats as bf16; returns its trainable parameter count."""
-    weights = load_file(str(source / "model.safetensors"))
-    shipped = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in weights.items()}
-    save_drafter(assets / "drafters" / kind, read_config(source), shipped, force=True)
-    return sum(v.numel() for v in weights.values() if v.is_floating_point())
+    shipped = save_drafter_cast(source, assets / "drafters" / kind, torch.bfloat16, force=True)
+    return sum(v.numel() for v in shipped.values() if v.is_floating_point())
 
 
 def main(argv: list[str] | None = None) -> int:

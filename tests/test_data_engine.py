@@ -57,6 +57,18 @@ def test_heldout_split_is_the_first_turns_of_heldout_conversations_whatever_the_
     assert all(not is_heldout(p["id"]) for p in all_train)
 
 
+def test_a_prompt_offset_gives_the_prompts_an_earlier_run_did_not_see(tmp_path):
+    data = _write(tmp_path / "s.json", [_conversation(i, [f"question {i}", "a"]) for i in range(300)])
+    first_run, heldout = chat_prompt_split(WordTokenizer(), data, 64, 40, None)
+    both, _ = chat_prompt_split(WordTokenizer(), data, 64, 100, None)
+    later_run, later_heldout = chat_prompt_split(WordTokenizer(), data, 64, 60, None, offset=40)
+    assert len(later_run) == 60 and later_heldout == heldout
+    assert {p["id"] for p in later_run}.isdisjoint(p["id"] for p in first_run)
+    assert sorted(p["id"] for p in first_run + later_run) == sorted(p["id"] for p in both)
+    with pytest.raises(SpecError, match="no training prompt is left after prompt_offset=1000"):
+        chat_prompt_split(WordTokenizer(), data, 64, 10, None, offset=1000)
+
+
 def test_length_buckets_sort_within_windows_only():
     prompts = [{"id": str(i), "ids": [0] * n} for i, n in enumerate([5, 1, 3, 9, 2, 4])]
     assert [len(p["ids"]) for p in length_bucketed(prompts, window=3)] == [1, 3, 5, 2, 4, 9]
@@ -92,6 +104,8 @@ def test_a_prepared_work_dir_refuses_other_prompt_settings(tmp_path):
     assert prepare_prompts(WordTokenizer(), None, work, recipe.model_copy(update={"num_prompts": 4}))[:4] == prompts[:4]
     with pytest.raises(SpecError, match="prompt-turns: prepared 'first', asked 'all'"):
         prepare_prompts(WordTokenizer(), data, work, recipe.model_copy(update={"prompt_turns": "all"}))
+    with pytest.raises(SpecError, match="prompt-offset: prepared 0, asked 10"):
+        prepare_prompts(WordTokenizer(), data, work, recipe.model_copy(update={"prompt_offset": 10}))
     with pytest.raises(SpecError, match="num-prompts: prepared 10, asked 20"):
         prepare_prompts(WordTokenizer(), data, work, recipe.model_copy(update={"num_prompts": 20}))
 

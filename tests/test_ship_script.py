@@ -72,6 +72,7 @@ def test_a_warm_start_replaces_the_shipped_drafter_only_when_it_beats_it_held_ou
     assert record["steps"] == 3 + 2 and record["heldout_tau"] == pytest.approx(run["heldout_tau"] + 0.25)
     now = load_file(str(shipped / "model.safetensors"))
     assert all(torch.equal(now[k], v.to(now[k].dtype)) for k, v in trained.items())
+    assert all(t.dtype == torch.bfloat16 for t in now.values() if t.is_floating_point())  # shipped as bf16
 
     with pytest.raises(SystemExit, match="warm-started from .*, not the shipped"):
         ship.main(["--work-dir", str(warm), "--kinds", "depth_causal", "--assets", str(tmp_path / "elsewhere")])

@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="With --prompt-turns all: also each later turn with the conversation before it (within the cap).",
     )
     recipe.add_argument(
+        "--prompt-offset",
+        type=int,
+        default=0,
+        help="Skip the first this many train prompts: a warm start after a run of --num-prompts <= this many, with "
+        "the same prompt settings, trains on prompts that run never saw.",
+    )
+    recipe.add_argument(
         "--target-prompts",
         type=int,
         default=0,
@@ -198,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
         num_prompts=args.num_prompts,
         prompt_turns=args.prompt_turns,
         prompt_context=args.prompt_context,
+        prompt_offset=args.prompt_offset,
         target_prompts=args.target_prompts,
         max_prompt_tokens=args.max_prompt_tokens,
         replies=ReplyConfig(

@@ -53,6 +53,17 @@ def save_drafter(
     )
 
 
+def save_drafter_cast(
+    source: Path, out_dir: Path, dtype: torch.dtype = torch.bfloat16, force: bool = False
+) -> dict[str, torch.Tensor]:
+    """The drafter at source written to out_dir with its float weights in dtype (drafters ship in bf16: half the
+    bytes, loaded into fp32); index tensors (d2t) keep theirs. Returns the weights written."""
+    config, weights = load_drafter_files(source)
+    cast = {name: (t.to(dtype) if t.is_floating_point() else t) for name, t in weights.items()}
+    save_drafter(out_dir, config, cast, force=force)
+    return cast
+
+
 def write_drafter_files(directory: Path, config: DrafterConfig, state_dict: dict[str, torch.Tensor]) -> None:
     """config.json + model.safetensors into an existing directory (the inside of an atomic directory write)."""
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}

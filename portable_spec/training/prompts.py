@@ -43,15 +43,21 @@ def chat_prompt_split(
     heldout_percent: int = 5,
     turns: PromptTurns = "first",
     context: bool = False,
+    offset: int = 0,
 ) -> tuple[list[dict], list[dict]]:
     """(train, held-out) prompts: train from the chosen human turns of the train-split conversations, held-out from
-    the held-out conversations' first turns; split by conversation, so no held-out conversation is ever trained on."""
+    the held-out conversations' first turns; split by conversation, so no held-out conversation is ever trained on.
+    The first `offset` train prompts that fit are skipped: a run after another (a warm start) gets prompts the
+    earlier run with the same settings and train_limit <= offset never saw."""
     conversations = list(iter_conversations(Path(data_path)))  # read and parsed once for both splits
     train, _ = split_prompts(turn_prompts(conversations, data_path, turns, context), heldout_percent)
     _, heldout = split_prompts(turn_prompts(conversations, data_path, "first"), heldout_percent)
-    train_ids = length_bucketed(tokenized(tokenizer, train, max_prompt_tokens, train_limit))
+    limit = None if train_limit is None else offset + train_limit
+    train_ids = length_bucketed(tokenized(tokenizer, train, max_prompt_tokens, limit)[offset:])
     heldout_ids = tokenized(tokenizer, heldout, max_prompt_tokens, heldout_limit)
     if not train_ids:
+        if offset:
+            raise SpecError(f"{data_path}: no training prompt is left after prompt_offset={offset}; lower it")
         raise SpecError(f"{data_path}: no training prompt fits max_prompt_tokens={max_prompt_tokens}; raise it")
     return train_ids, heldout_ids
 

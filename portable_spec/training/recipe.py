@@ -105,6 +105,9 @@ class RecipeConfig(BaseModel):
     draft_vocab_size: int | None = Field(8192, ge=1, description="Most frequent reply tokens scored; None: all.")
     mask_token_id: int | None = Field(None, ge=0, description="The block's mask token; None: mask_token_for.")
     num_prompts: int = Field(2000, ge=1, description="Train-split prompts distilled.")
+    prompt_offset: int = Field(
+        0, ge=0, description="Train-split prompts skipped first (a warm start on prompts an earlier run did not see)."
+    )
     prompt_turns: PromptTurns = Field(
         "first", description="Human turns used as prompts: each conversation's first, or all."
     )
@@ -154,7 +157,14 @@ def prompts_prepared(work_dir: Path) -> bool:
 
 
 PROMPT_SETTINGS = "prompt_settings.json"
-PROMPT_FIELDS = ("prompt_turns", "prompt_context", "max_prompt_tokens", "heldout_prompts", "target_prompts")
+PROMPT_FIELDS = (
+    "prompt_turns",
+    "prompt_context",
+    "prompt_offset",
+    "max_prompt_tokens",
+    "heldout_prompts",
+    "target_prompts",
+)
 
 
 def prepare_prompts(
@@ -187,6 +197,7 @@ def prepare_prompts(
                 recipe.heldout_prompts,
                 turns=recipe.prompt_turns,
                 context=recipe.prompt_context,
+                offset=recipe.prompt_offset,
             )
             if recipe.target_prompts:
                 if target_writer is None:

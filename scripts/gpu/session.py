@@ -628,11 +628,7 @@ class DeviceRun:
         """Each trained drafter (the best by held-out tau) as shipped (bf16 floats), split into parts under 16 MiB
         into OUT; its loss and held-out curves, and the held-out tau of where it started (the shipped drafter,
         when warm-started), into the results."""
-        import torch
-        from safetensors.torch import load_file
-
-        from portable_spec.core.checkpoint import save_drafter
-        from portable_spec.core.spec import read_config
+        from portable_spec.core.checkpoint import save_drafter_cast
         from portable_spec.training.heldout import summarize_heldout_log
 
         manifest = {}
@@ -640,10 +636,8 @@ class DeviceRun:
             source = drafters / kind
             if not (source / "model.safetensors").exists():
                 continue
-            weights = load_file(str(source / "model.safetensors"))
-            shipped = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v) for k, v in weights.items()}
             ship = self.stash / "ship" / kind
-            save_drafter(ship, read_config(source), shipped, force=True)
+            save_drafter_cast(source, ship, force=True)
             state = json.loads((self.work / f"state-{kind}" / "trainer_state.json").read_text())
             manifest[kind] = {
                 "steps": state["step"],
