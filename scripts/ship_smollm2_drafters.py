@@ -16,8 +16,6 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
-
 from portable_spec.core.checkpoint import save_drafter_cast
 from portable_spec.core.spec import VARIANT_KINDS, read_config
 from portable_spec.training.distill_data import load_sequences
@@ -51,7 +49,7 @@ def run_figures(work_dir: Path, kind: str, seconds: float | None) -> tuple[dict,
 
 def ship(source: Path, assets: Path, kind: str) -> int:
     """The drafter at source into the package, floats as bf16; returns its trainable parameter count."""
-    shipped = save_drafter_cast(source, assets / "drafters" / kind, torch.bfloat16, force=True)
+    shipped = save_drafter_cast(source, assets / "drafters" / kind, force=True)
     return sum(v.numel() for v in shipped.values() if v.is_floating_point())
 
 
