@@ -155,7 +155,7 @@ def test_time_budget_ends_the_run_on_time_and_writes_the_checkpoint(tmp_path):
         tmp_path / "out",
         tmp_path / "state",
         progress=False,
-        log=lambda step, loss: losses.append(step),
+        log=lambda step, loss, seconds: losses.append(step),
     )
     took = time.perf_counter() - start
     assert budget <= took < budget + 1.0  # one step past the budget at most (a tiny step here is ~10 ms)

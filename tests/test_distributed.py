@@ -192,7 +192,7 @@ def test_bad_flags_under_torchrun_give_one_line(tmp_path):
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "portable_spec.cli", "train",
          *ARGS, "--kind", "parallel", "--work-dir", str(tmp_path / "w"), "--out", str(tmp_path / "o"),
          "--batch-size", "7"],
-        env=_env(), capture_output=True, text=True, timeout=120,
+        env=_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error:")]
     assert done.returncode != 0 and errors == [

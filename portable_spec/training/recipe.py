@@ -380,9 +380,9 @@ def run_recipe(
         )
     log_file = work_dir / f"{out_dir.name}-loss.jsonl"
 
-    def log(step: int, loss: float) -> None:
+    def log(step: int, loss: float, seconds: float) -> None:
         with open(log_file, "a") as handle:
-            handle.write(json.dumps({"step": step, "loss": round(loss, 5)}) + "\n")
+            handle.write(json.dumps({"step": step, "loss": round(loss, 5), "seconds": round(seconds, 2)}) + "\n")
 
     tracker = None
     if heldout_dir is not None and evaluation.every is not None and ranks.main:

@@ -298,7 +298,7 @@ def train_loop(
     state_dir: Path | None = None,
     progress: bool = True,
     draft_vocab: torch.Tensor | None = None,
-    log: Callable[[int, float], None] | None = None,
+    log: Callable[[int, float, float], None] | None = None,
     out_owner: str | None = None,
     force: bool = False,
     heldout=None,
@@ -310,7 +310,8 @@ def train_loop(
     batch in DDP, and only rank 0 logs, evaluates and writes. The checkpoint records `out_owner` (the work
     directory) and replaces only a checkpoint of the same owner unless `force` (outputs.check_output_dir). With
     `heldout` (heldout.HeldoutTracker, rank 0's), held-out acceptance is measured at the start, every
-    `heldout.every` seconds and at the end, and the checkpoint written is the best drafter it saw."""
+    `heldout.every` seconds and at the end, and the checkpoint written is the best drafter it saw. `log(step, loss,
+    seconds)` gets each step's mean loss and the training seconds at its end (a resume's included)."""
     check_shapes(drafter_config.block_size, config)
     distributed.check_batch(ranks, config.batch_size, config.grad_accum)
     for param in target.model.parameters():
@@ -371,7 +372,7 @@ def train_loop(
                 loss_value = distributed.mean(ranks, loss)
                 bar.set_postfix(loss=f"{loss_value:.3f}")
                 if log is not None and ranks.main:
-                    log(step + 1, loss_value)
+                    log(step + 1, loss_value, time.perf_counter() - clock)
                 done = step + 1
                 if state_dir is not None and done % config.save_every == 0:
                     save(done, time.perf_counter() - clock)
