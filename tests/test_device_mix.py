@@ -4,8 +4,6 @@ it would on a GPU. Outputs must equal the CPU run's, so the fake device changes 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from fake_cuda import DeviceMismatch, FakeCudaTensor, fake_cuda
@@ -138,12 +136,11 @@ def test_time_budget_ends_the_run_on_time_and_writes_the_checkpoint(tmp_path):
     config = drafter_config_for(
         target, kind="parallel", block_size=4, num_hidden_layers=1, target_layer_ids=[0, 1], mask_token_id=255
     )
-    losses: list[int] = []
+    logged: list[tuple[int, float]] = []
     budget = 1.5
     train = TrainConfig(
         steps=10**6, batch_size=2, seq_len=32, anchors_per_seq=3, warmup_steps=1, time_budget=budget, save_every=10**6
     )
-    start = time.perf_counter()
     from portable_spec.training.train import train_loop
 
     draw = stream_batches(target, torch.arange(4000) % 37, train, config.target_layer_ids, config.block_size)
@@ -155,19 +152,21 @@ def test_time_budget_ends_the_run_on_time_and_writes_the_checkpoint(tmp_path):
         tmp_path / "out",
         tmp_path / "state",
         progress=False,
-        log=lambda step, loss, seconds: losses.append(step),
+        log=lambda step, loss, seconds: logged.append((step, seconds)),
     )
-    took = time.perf_counter() - start
-    assert budget <= took < budget + 1.0  # one step past the budget at most (a tiny step here is ~10 ms)
-    assert 5 < len(losses) < 10**6 and (tmp_path / "out" / "model.safetensors").exists()
+    assert 5 < len(logged) < 10**6 and (tmp_path / "out" / "model.safetensors").exists()
+    # it stops at the first step boundary past the budget, however slow a step is on a loaded machine
+    assert all(seconds < budget for _, seconds in logged[:-1])
     import json
 
     state = json.loads((tmp_path / "state" / "trainer_state.json").read_text())
-    assert state["step"] == len(losses) and budget <= state["elapsed_seconds"] < budget + 1.0
-    # a longer budget resumes from the saved state and time: it trains on, it does not start over
+    assert state["step"] == len(logged) and state["elapsed_seconds"] >= budget
+    # the saved seconds carry over a resume: the same budget is already spent (no step more), a longer one trains on
+    train_drafter(target, config, torch.arange(4000) % 37, train, tmp_path / "same", tmp_path / "state", progress=False)
+    assert json.loads((tmp_path / "state" / "trainer_state.json").read_text())["step"] == state["step"]
     longer = train.model_copy(update={"time_budget": budget + 0.5})
     train_drafter(
         target, config, torch.arange(4000) % 37, longer, tmp_path / "out2", tmp_path / "state", progress=False
     )
     resumed = json.loads((tmp_path / "state" / "trainer_state.json").read_text())
-    assert resumed["step"] > state["step"] and resumed["elapsed_seconds"] < budget + 1.5
+    assert resumed["step"] > state["step"] and resumed["elapsed_seconds"] >= budget + 0.5
