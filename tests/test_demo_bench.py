@@ -2,6 +2,7 @@
 code path with another setup): tables, the lossless verdict, HF baselines, and files written without wiping --out."""
 
 import json
+import re
 
 import pytest
 
@@ -18,14 +19,17 @@ def test_demo_prints_every_row_and_the_lossless_verdict(capsys):
     out = capsys.readouterr().out
     for row in (
         "plain greedy",
-        "| parallel |",
-        "| depth_causal |",
-        "| autoregressive |",
+        "| parallel (adaptive k) |",
+        "| depth_causal (adaptive k) |",
+        "| autoregressive (adaptive k) |",
         "depth_causal (cut < 0.3)",
         "HF generate",
         "HF prompt lookup (10)",
     ):
         assert row in out
+    # the machine, the layout it measured and how each drafter's draft length was chosen
+    assert "CPU threads" in out and "matmul layout measured on" in out
+    assert re.search(r"depth_causal \(adaptive k\): draft length per round .*rounds plain\)", out)
     assert "every speculative output equals plain greedy output token for token: yes" in out
     assert "timings: plain decoding timed first and last on each of 2 prompts" in out or "timings UNRELIABLE" in out
 

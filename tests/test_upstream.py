@@ -136,8 +136,8 @@ def test_block_size_in_dflash_config_wins_as_in_zlab(tmp_path):
 def test_speculators_export_of_windowed_drafters_round_trips(tmp_path, layer_types, block_attention, non_causal):
     config, weights = load_drafter_files(_five_layer_parallel(tmp_path))
     data = {**config.model_dump(), "variant": {"kind": "parallel", "block_attention": block_attention}}
-    if layer_types:
-        data.update(layer_types=layer_types, sliding_window=64)
+    if layer_types:  # speculators' trainer windows per anchor: the one rule its format can carry
+        data.update(layer_types=layer_types, sliding_window=64, window_rule="per_anchor")
     drafter = save_drafter(tmp_path / "windowed", DrafterConfig.model_validate(data), weights)
     out = export_speculators(drafter, tmp_path / "spec", TARGET)
     exported = json.loads((out / "config.json").read_text())
@@ -145,9 +145,20 @@ def test_speculators_export_of_windowed_drafters_round_trips(tmp_path, layer_typ
     _same_checkpoint(import_drafter(out, TARGET, tmp_path / "back").out, drafter)
 
 
+def test_speculators_export_refuses_per_slot_windows(tmp_path):
+    """A per-slot window written as speculators would be read back (and trained on) per anchor: refused by name."""
+    config, weights = load_drafter_files(_five_layer_parallel(tmp_path))
+    data = {**config.model_dump(), "layer_types": ["sliding_attention"] * 5, "sliding_window": 64}
+    data["variant"] = {"kind": "parallel", "block_attention": "causal"}
+    drafter = save_drafter(tmp_path / "per_slot", DrafterConfig.model_validate(data), weights)
+    with pytest.raises(SpecError, match="window_rule=per_slot .* cannot be written in the speculators format"):
+        export_speculators(drafter, tmp_path / "spec", TARGET)
+    assert not (tmp_path / "spec").exists()
+
+
 def test_speculators_export_refuses_a_causal_block_with_full_layers(tmp_path):
     config, weights = load_drafter_files(_five_layer_parallel(tmp_path))
-    data = {**config.model_dump(), "layer_types": FIVE, "sliding_window": 64}
+    data = {**config.model_dump(), "layer_types": FIVE, "sliding_window": 64, "window_rule": "per_anchor"}
     data["variant"] = {"kind": "parallel", "block_attention": "causal_in_sliding_layers"}
     drafter = save_drafter(tmp_path / "mixed", DrafterConfig.model_validate(data), weights)
     with pytest.raises(SpecError, match="full layers bidirectional in speculators and causal in vLLM"):
@@ -297,6 +308,8 @@ def test_portable_layer_options_written_upstream_come_back(tmp_path, layout, lay
     config, weights = load_drafter_files(_five_layer_parallel(tmp_path))
     data = {**config.model_dump(), "layer_types": layer_types, "sliding_window": 64}
     data["variant"] = {"kind": "parallel", "block_attention": block_attention}
+    if layout == "speculators":  # its trainer's windows, what the import reads from that layout
+        data["window_rule"] = "per_anchor"
     drafter = save_drafter(tmp_path / "windowed", DrafterConfig.model_validate(data), weights)
     out = write_portable_as_upstream(layout, tmp_path / layout, drafter, TARGET)
     _same_checkpoint(import_drafter(out, TARGET, tmp_path / "back").out, drafter)

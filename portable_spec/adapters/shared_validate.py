@@ -44,10 +44,25 @@ def check_servable(
             f"own drafts. fix: serve a {' or '.join(ENGINE_KINDS)} drafter with {engine}, or run this one with "
             "`portable-spec generate` (reference and ONNX backends)"
         )
+    refuse_anchor_windows(config, source, engine)
     if not own_embeddings:
         refuse_own_embeddings(config, source, engine)
     if not reduced_vocabulary:
         refuse_reduced_vocabulary(config, source, engine)
+
+
+def refuse_anchor_windows(config: DrafterConfig, source: str, engine: str) -> None:
+    """vLLM and SGLang window a DFlash drafter's sliding layers per query slot (q - k < W, their attention
+    backends' sliding window); a drafter trained with one window per block (speculators' trainer) would run there
+    as another function, accepting less while output stays lossless: refused rather than served silently."""
+    if config.has_windows and config.window_rule == "per_anchor":
+        raise SpecError(
+            f"{source}: window_rule=per_anchor (sliding_window {config.sliding_window}, every slot sees the "
+            f"{config.sliding_window} positions before the anchor, as speculators' trainer computes): {engine} "
+            "windows each slot from its own position (q - k < W), another function. fix: run it with `portable-spec "
+            "generate` (reference and ONNX backends), or re-import it with `--window-rule per_slot` to serve what "
+            f"{engine} computes (it then accepts what that function accepts)"
+        )
 
 
 def refuse_own_embeddings(config: DrafterConfig, source: str, engine: str) -> None:

@@ -75,7 +75,9 @@ def device_name(device: torch.device) -> str:
     """What a benchmark header says it ran on."""
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)} (torch {torch.__version__}, CUDA {torch.version.cuda})"
-    return f"{torch.get_num_threads()} CPU threads (torch {torch.__version__})"
+    from portable_spec.core.matmul_layout import cpu_description
+
+    return f"{cpu_description()}, {torch.get_num_threads()} CPU threads (torch {torch.__version__})"
 
 
 def param_count(target: TargetModel) -> float:

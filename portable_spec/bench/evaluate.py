@@ -24,6 +24,7 @@ from tqdm import tqdm
 from portable_spec.bench.baselines import hf_generate, hf_name
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder, acceptance_by_position, synchronize
 from portable_spec.core.drafter import Drafter
+from portable_spec.core.matmul_layout import LayoutTable
 from portable_spec.core.target import TargetModel
 
 PLAIN = "plain greedy (same loop, no drafter)"
@@ -31,21 +32,42 @@ NOISE_THRESHOLD = 0.10  # plain decoding's two timings of a prompt may differ by
 WARMUP_TOKENS = 8  # new tokens of each method's untimed warm-up run
 
 
+MATMUL_LAYOUTS = ("measured", "linear", "fixed")  # this machine's measured choice; torch's F.linear; W@x^T at 2-8 rows
+
+
+def layout_table(name: str, device) -> LayoutTable | None:
+    """A DecodeJob's matmul layout: measured on this machine (cached), torch's own everywhere (None), or the fixed
+    rule this project used before it measured (W @ x^T for 2-8 rows), kept to show what measuring is worth."""
+    if name == "measured":
+        return LayoutTable.load(device)
+    if name == "fixed":
+        return LayoutTable.fixed("transposed", range(2, 9))
+    return None
+
+
 @dataclass(frozen=True)
 class DecodeJob:
-    """One row of a comparison: a drafter (None = plain greedy), its draft tokens per round and confidence cut."""
+    """One row of a comparison: a drafter (None = plain greedy), its draft tokens per round (the most, with
+    draft_length "adaptive"), confidence cut and matmul layout."""
 
     name: str
     drafter: Drafter | None
     num_draft_tokens: int
     draft_confidence: float = 0.0
-    decode_matmul: bool = True  # False: torch's own F.linear layout throughout (decode_matmul.py)
+    matmul_layout: str = "measured"  # MATMUL_LAYOUTS
+    draft_length: str = "fixed"  # GenerationConfig.draft_length
 
 
-def grid(drafters: dict[str, Drafter], num_draft_tokens: list[int], draft_confidence: float = 0.0) -> list[DecodeJob]:
+def grid(
+    drafters: dict[str, Drafter],
+    num_draft_tokens: list[int],
+    draft_confidence: float = 0.0,
+    draft_length: str = "fixed",
+) -> list[DecodeJob]:
     suffix = f" (cut < {draft_confidence:g})" if draft_confidence else ""
+    suffix += " (adaptive k)" if draft_length == "adaptive" else ""
     return [
-        DecodeJob(name + suffix, drafter, n, draft_confidence)
+        DecodeJob(name + suffix, drafter, n, draft_confidence, draft_length=draft_length)
         for name, drafter in drafters.items()
         for n in num_draft_tokens
     ]
@@ -69,6 +91,7 @@ class ComparisonRow:
     speedup_spread: tuple[float, float] = (math.nan, math.nan)  # quartiles over prompts (min-max under 4 prompts)
     speedup_per_prompt: list[float] = field(default_factory=list)
     tokens_per_second_total: float = math.nan  # all prompts' tokens over all their timed seconds (load-sensitive)
+    draft_lengths: str = ""  # adaptive rows: how the draft length was chosen (DraftLengthPolicy.summary)
 
 
 @dataclass
@@ -117,12 +140,17 @@ class _Method:
     job: DecodeJob | None = None  # None: an HF baseline
     lookup: int | None = None
     totals: _Totals = field(default_factory=_Totals)
+    decoder: SpeculativeDecoder | None = None
 
 
 def _decoder_method(target: TargetModel, job: DecodeJob, base: GenerationConfig) -> _Method:
-    decoder = SpeculativeDecoder(target, job.drafter, job.decode_matmul)
+    decoder = SpeculativeDecoder(target, job.drafter, layout_table(job.matmul_layout, target.device))
     config = base.model_copy(
-        update={"num_draft_tokens": max(job.num_draft_tokens, 1), "draft_confidence": job.draft_confidence}
+        update={
+            "num_draft_tokens": max(job.num_draft_tokens, 1),
+            "draft_confidence": job.draft_confidence,
+            "draft_length": job.draft_length,
+        }
     )
 
     def run(unit, max_new_tokens):
@@ -130,7 +158,7 @@ def _decoder_method(target: TargetModel, job: DecodeJob, base: GenerationConfig)
             out = decoder.generate(unit, config.model_copy(update={"max_new_tokens": max_new_tokens}))
         return out.tokens, out.stats
 
-    return _Method(job.name, run, job)
+    return _Method(job.name, run, job, decoder=decoder)
 
 
 def _hf_method(target: TargetModel, lookup: int | None, stop_token_ids: tuple[int, ...]) -> _Method:
@@ -232,6 +260,8 @@ def _row(method: _Method, plain_seconds: list[float], reference, batch_size: int
             **common,
         )
     n = job.num_draft_tokens
+    policies = method.decoder.policies.values() if method.decoder is not None else []
+    per_position = n and not job.draft_confidence and job.draft_length == "fixed"  # else slots go unverified
     return ComparisonRow(
         drafter=job.name,
         num_draft_tokens=n,
@@ -239,8 +269,9 @@ def _row(method: _Method, plain_seconds: list[float], reference, batch_size: int
         target_passes_per_token=(totals.rounds + num_prompts) / generated,
         drafter_passes_per_token=totals.drafter_passes / generated,
         drafter_params=sum(p.numel() for p in job.drafter.parameters()) if job.drafter is not None else 0,
-        acceptance_by_position=(acceptance_by_position(emitted, n) if n and not job.draft_confidence else []),
+        acceptance_by_position=acceptance_by_position(emitted, n) if per_position else [],
         drafts_verified_per_round=totals.drafts_verified / len(emitted) if emitted else math.nan,
+        draft_lengths="; ".join(policy.summary() for policy in policies),
         **common,
     )
 

@@ -14,6 +14,7 @@ from portable_spec.bench.bench_setup import TARGET_CHOICES, device_name, load_se
 from portable_spec.bench.evaluate import PLAIN, ComparisonRow, DecodeJob, compare, format_table, grid
 from portable_spec.cli.devices import DTYPES, check_device
 from portable_spec.core.drafter import Drafter
+from portable_spec.core.matmul_layout import LayoutTable
 from portable_spec.core.outputs import claim_output_dir, mark_output_dir, results_json, write_file_atomically
 from portable_spec.core.spec import SpecError
 
@@ -71,7 +72,7 @@ def plot(rows: list[ComparisonRow], path: Path, device: str = "cpu") -> None:
     batches = sorted({r.batch_size for r in rows})
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for batch in batches:
-        for kind in sorted({r.drafter for r in rows if r.drafter_params}):
+        for kind in sorted({r.drafter for r in rows if r.drafter_params and not r.draft_lengths}):
             mine = [r for r in rows if r.drafter == kind and r.batch_size == batch]
             blocks = [r.num_draft_tokens + 1 for r in mine]
             style = "-" if batch == 1 else "--"
@@ -108,15 +109,17 @@ def plot(rows: list[ComparisonRow], path: Path, device: str = "cpu") -> None:
 
 
 def layout_jobs(drafters: dict[str, Drafter], num_drafts: int) -> list[DecodeJob]:
-    """Rows that show what the decode-shaped matmul layout (decode_matmul.py) is worth: plain greedy and
-    the shift-mix drafter (depth_causal) with torch's own F.linear everywhere, in the same run."""
-    suffix = " (torch F.linear)"
-    jobs = [DecodeJob(PLAIN.split(" (")[0] + suffix, None, 0, decode_matmul=False)]
-    jobs += [
-        DecodeJob(kind + suffix, drafter, num_drafts, decode_matmul=False)
-        for kind, drafter in drafters.items()
-        if drafter.behaviour.shift_mix
-    ]  # the method this project ports
+    """Rows that show what measuring the matmul layout (core/matmul_layout.py) is worth: plain greedy and the
+    shift-mix drafter (depth_causal) with torch's own F.linear everywhere, and with the W @ x^T rule for 2-8 rows
+    this project hard-coded before, in the same run as the measured rows."""
+    jobs = []
+    for layout, suffix in (("linear", " (torch F.linear)"), ("fixed", " (fixed W@x^T, 2-8 rows)")):
+        jobs.append(DecodeJob(PLAIN.split(" (")[0] + suffix, None, 0, matmul_layout=layout))
+        jobs += [
+            DecodeJob(kind + suffix, drafter, num_drafts, matmul_layout=layout)
+            for kind, drafter in drafters.items()
+            if drafter.behaviour.shift_mix
+        ]  # the method this project ports
     return jobs
 
 
@@ -180,6 +183,7 @@ def run_decode_bench(args: argparse.Namespace) -> int:
     rows: list[ComparisonRow] = []
     notes: list[str] = []
     jobs = grid(setup.drafters, [b - 1 for b in args.block_sizes])
+    jobs += grid(setup.drafters, [max(args.block_sizes) - 1], draft_length="adaptive")  # the default path
     if args.draft_confidence:
         jobs += grid(setup.drafters, [max(args.block_sizes) - 1], args.draft_confidence)
     on_cpu = setup.target.device.type == "cpu"  # the F.linear layout rows measure a CPU-only layout
@@ -199,9 +203,13 @@ def run_decode_bench(args: argparse.Namespace) -> int:
     header = (
         f"{setup.describe}, {param_count(setup.target):.1f}M params: {len(prompts)} prompts x up to "
         f"{args.max_new_tokens} new tokens, greedy, batch sizes {args.batch_sizes}, "
-        f"{device_name(setup.target.device)}, {args.dtype}; all rows measured in one run, interleaved prompt by prompt after an "
-        "untimed warm-up of every row (bench/evaluate.py)."
+        f"{device_name(setup.target.device)}, {args.dtype}; all rows measured in one "
+        "run, interleaved prompt by prompt after an untimed warm-up of every row (bench/evaluate.py). Rows run the "
+        "matmul layout measured on this machine unless named otherwise; '(adaptive k)' rows choose each round's "
+        "draft count (0 = plain) from measured costs and acceptance, up to the largest block."
     )
+    notes.append(LayoutTable.load(setup.target.device).summary())
+    notes += [f"{r.drafter}, batch {r.batch_size}: {r.draft_lengths}" for r in rows if r.draft_lengths]
     table = format_table(rows)
     positions = "\n".join(
         f"| {r.drafter} | {r.num_draft_tokens + 1} | " + " ".join(f"{p:.2f}" for p in r.acceptance_by_position) + " |"

@@ -65,7 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from transformers.utils import logging as transformers_logging
 
-    from portable_spec.conformance.checks import all_checks
     from portable_spec.conformance.runner import (
         FAILING,
         SKIP,
@@ -75,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         run_suite,
         stale_cells,
     )
+    from portable_spec.conformance.suite import all_checks
     from portable_spec.conformance.workspace import Workspace
 
     registered = backend_names()

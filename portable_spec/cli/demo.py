@@ -7,8 +7,9 @@ import argparse
 
 import torch
 
-from portable_spec.bench.bench_setup import TARGET_CHOICES, load_setup, param_count
+from portable_spec.bench.bench_setup import TARGET_CHOICES, device_name, load_setup, param_count
 from portable_spec.bench.evaluate import compare, format_table, grid
+from portable_spec.core.matmul_layout import LayoutTable
 from portable_spec.core.spec import VARIANT_KINDS, SpecError
 
 
@@ -27,7 +28,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-draft-tokens",
         type=int,
         default=None,
-        help="Draft tokens per round (default: what the benchmark found best on each target).",
+        help="Draft tokens per round, the most with --draft-length adaptive (default: what the benchmark found best "
+        "on each target).",
+    )
+    parser.add_argument(
+        "--draft-length",
+        choices=("adaptive", "fixed"),
+        default="adaptive",
+        help="adaptive (default): each round verifies the draft count (0 = plain decoding) with the most expected "
+        "tokens per second from this machine's measured costs and the measured acceptance; fixed: "
+        "--num-draft-tokens every round.",
     )
     parser.add_argument(
         "--draft-confidence",
@@ -56,10 +66,11 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"target: {setup.describe}, {param_count(setup.target):.1f}M params; {len(prompts)} prompts, "
         f"up to {args.max_new_tokens} new tokens each, greedy, batch {args.batch_size}, "
-        f"{torch.get_num_threads()} threads"
+        f"{device_name(setup.target.device)}"
     )
     confidence = args.draft_confidence if args.draft_confidence is not None else setup.default_confidence
-    jobs = grid(setup.drafters, [num_drafts]) + (grid(setup.drafters, [num_drafts], confidence) if confidence else [])
+    jobs = grid(setup.drafters, [num_drafts], draft_length=args.draft_length)
+    jobs += grid(setup.drafters, [num_drafts], confidence) if confidence else []
     comparison = compare(
         setup.target,
         jobs,
@@ -71,6 +82,10 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_table(comparison.rows))
     print(comparison.timing_note())
+    print(LayoutTable.load(setup.target.device).summary())
+    for row in comparison.rows:
+        if row.draft_lengths:
+            print(f"{row.drafter}: {row.draft_lengths}")
     lossless = all(row.matches_plain_greedy for row in comparison.rows if row.drafter_params)
     print(
         "every speculative output equals plain greedy output token for token: "

@@ -450,7 +450,9 @@ def _with_variant(run: Callable[[CheckContext, object], None], variant) -> Calla
 
 
 # -- the list --------------------------------------------------------------------------------------
-def all_checks() -> list[Check]:
+def family_checks() -> list[Check]:
+    """Every check family defined here, per kind or layout, in the report's order (suite.all_checks adds the
+    upstream-oracle rows)."""
     checks = [
         Check(
             f"golden/{path.stem}",

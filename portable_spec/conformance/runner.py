@@ -219,7 +219,8 @@ def format_report(
         "# Conformance report",
         "",
         "Written by `portable-spec conformance`; do not edit by hand. Each check is defined once in",
-        "`portable_spec/conformance/checks.py` and run by both pytest and that command. A skip is not a pass.",
+        "`portable_spec/conformance/checks.py` (the `upstream/*` rows in `upstream_oracle/checks.py`) and run by both",
+        "pytest and that command. A skip is not a pass.",
         f"Statuses: {PASS}; {FAIL}; {SKIP} (with its reason); {XFAIL} (known gap in "
         f"`portable_spec/conformance/expected_failures.json`); {XPASS} (listed as a gap but passed: remove the entry); "
         f"{INHERITS} (the backend runs the reference's own code for what the check exercises, so it was not compared); "

@@ -52,9 +52,16 @@ def within_block_mask(block_size: int, block_causal: bool, num_blocks: int = 1, 
 
 def window_mask(query_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
     """[B, Q] query and [B, T] key positions -> [B, Q, T] bool: the key lies less than `window` positions behind
-    the query (HF, z-lab and vLLM sliding windows: q_pos - k_pos < window; keys ahead are cut by the caller's
-    context mask, never by the window)."""
+    the query (transformers, z-lab dflash 0.1.0, SpecForge 0.2.0, vLLM: q_pos - k_pos < window; keys ahead are
+    cut by the caller's context mask, never by the window)."""
     return (query_positions[:, :, None] - key_positions[:, None, :]) < window
+
+
+def anchor_window_mask(anchor_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """[B, Q] each query's block anchor and [B, T] key positions -> [B, Q, T] bool: the key lies at most `window`
+    positions behind the anchor, the same keys for every slot of a block (speculators 0.9.0's trainer,
+    models/dflash/attention.py `base_prefix_mod`: kv_pos >= anchor - window)."""
+    return key_positions[:, None, :] >= anchor_positions[:, :, None] - window
 
 
 def block_attention_mask(context_valid: torch.Tensor, block_size: int, block_causal: bool) -> torch.Tensor:

@@ -2,7 +2,9 @@
 
 One round: the drafter proposes n tokens after each request's anchor (its last emitted token); the target
 scores [anchor, drafts] in one pass; `verify` picks the accepted prefix and the next token; accepted slots
-stay valid in both caches, rejected ones become masked holes, and the unused tail is cropped.
+stay valid in both caches, rejected ones become masked holes, and the unused tail is cropped. With
+`draft_length="adaptive"` n is chosen each round from measured costs and acceptance (draft_length.py), 0 included;
+linear layers run in the matmul layout measured fastest on this machine (matmul_layout.py).
 """
 
 from __future__ import annotations
@@ -11,15 +13,16 @@ import math
 import time
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from portable_spec.core.decode_matmul import decode_shaped_linears
 from portable_spec.core.dispatch import verify_op  # the torch twin (== verify) off CUDA, the fused Triton kernel on it
+from portable_spec.core.draft_length import DraftLengthPolicy, SlotAcceptance
 from portable_spec.core.drafter import Drafter
+from portable_spec.core.matmul_layout import LayoutTable, measured_linears
 from portable_spec.core.noise import VerifyNoise
 from portable_spec.core.proposer import DraftProposer, TorchProposer
 from portable_spec.core.sampling import SamplingBatch, SamplingParams
@@ -42,6 +45,12 @@ class GenerationConfig(BaseModel):
         lt=1.0,
         description="Verify only the draft prefix whose drafter probabilities multiply to at "
         "least this (at least one draft); 0 verifies every draft. Lossless for any value: verification is unchanged.",
+    )
+    draft_length: Literal["fixed", "adaptive"] = Field(
+        "fixed",
+        description="fixed: num_draft_tokens every round; adaptive: each round the count (0 = plain decoding .. "
+        "num_draft_tokens) with the most expected tokens per second, from this machine's measured pass costs and "
+        "each request's measured acceptance. Lossless either way.",
     )
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     seed: int = Field(0, ge=0, lt=2**64, description="Keys the counter-based noise with each request id.")
@@ -138,18 +147,27 @@ class _DecodeState:
     outputs: list[list[int]]
     active: torch.Tensor  # [B] bool: still generating
     stats: DecodeStats = field(default_factory=DecodeStats)
+    acceptance: list[SlotAcceptance] | None = None  # per request, with draft_length="adaptive"
 
 
 class SpeculativeDecoder:
     """Reference loop; with no drafter it decodes autoregressively through the same verify step."""
 
     def __init__(
-        self, target: TargetModel, drafter: Drafter | DraftProposer | None = None, decode_matmul: bool = True
+        self,
+        target: TargetModel,
+        drafter: Drafter | DraftProposer | None = None,
+        matmul_layout: LayoutTable | Literal["measured"] | None = "measured",
+        clock=time.perf_counter,
     ) -> None:
-        """decode_matmul: run the target's and drafter's linear layers in the decode-shaped CPU layout
-        (decode_matmul.py) while generating; False keeps torch's F.linear everywhere."""
+        """matmul_layout: the layout table the target's and drafter's linear layers follow while generating
+        ("measured": this machine's, matmul_layout.py; None: torch's F.linear everywhere). clock: what rounds are
+        timed with for draft_length="adaptive" (its policies, one per draft-count limit and batch size, live as
+        long as the decoder, so what one generate call measured serves the next)."""
         self.target = target
-        self.decode_matmul = decode_matmul
+        self.matmul_layout = LayoutTable.load(target.device) if matmul_layout == "measured" else matmul_layout
+        self.clock = clock
+        self.policies: dict[tuple[int, int], DraftLengthPolicy] = {}
         if isinstance(drafter, Drafter):
             target.require_bound(drafter)  # checked as a pair once, by TargetModel.bind; not again here
             drafter = TorchProposer(drafter)
@@ -221,14 +239,23 @@ class SpeculativeDecoder:
         state.stats.seconds = time.perf_counter() - start
         return GenerationOutput(tokens=state.outputs, stats=state.stats)
 
+    def policy(self, config: GenerationConfig, batch: int) -> DraftLengthPolicy | None:
+        """The adaptive draft-length policy for this limit and batch size (None: fixed length, or no drafter)."""
+        if config.draft_length != "adaptive" or self.proposer is None:
+            return None
+        key = (config.num_draft_tokens, batch)
+        if key not in self.policies:
+            self.policies[key] = DraftLengthPolicy(config.num_draft_tokens, self.proposer.passes_per_round)
+        return self.policies[key]
+
     def _layout(self) -> AbstractContextManager:
-        """The decode-shaped CPU matmul layout for the target's and the proposer's linears (decode_matmul.py)."""
-        if not self.decode_matmul:
+        """The measured matmul layout for the target's and the proposer's linears (matmul_layout.py)."""
+        if self.matmul_layout is None:
             return nullcontext()
         stack = ExitStack()
-        stack.enter_context(decode_shaped_linears(self.target.model))
+        stack.enter_context(measured_linears(self.matmul_layout, self.target.model))
         if self.proposer is not None and hasattr(self.proposer, "decode_layout"):
-            stack.enter_context(self.proposer.decode_layout())
+            stack.enter_context(self.proposer.decode_layout(self.matmul_layout))
         return stack
 
     def _prefill(self, prompts, config: GenerationConfig, request_ids: list[int] | None) -> "_DecodeState":
@@ -252,8 +279,10 @@ class SpeculativeDecoder:
         outputs = [[int(t)] for t in anchor]
         active = torch.tensor([not self._finish(out, config) for out in outputs], device=device)
         stats = DecodeStats(accepted_by_request=[[] for _ in prompts])
+        policy = self.policy(config, batch)
+        acceptance = [policy.new_request() for _ in prompts] if policy is not None else None
         return _DecodeState(
-            config, sampling, ids, layout, cache, context, anchor, lengths.clone(), outputs, active, stats
+            config, sampling, ids, layout, cache, context, anchor, lengths.clone(), outputs, active, stats, acceptance
         )
 
     def _round(self, state: "_DecodeState"):
@@ -261,22 +290,33 @@ class SpeculativeDecoder:
         the chain's features, per-row draft counts or None)."""
         device, config = self.target.device, state.config
         drafts, round_drafts = state.anchor.new_zeros(len(state.anchor), 0), None
-        if self.proposer is not None:
+        policy = self.policy(config, len(state.anchor))
+        num_drafts = config.num_draft_tokens
+        if policy is not None:
+            num_drafts = policy.choose([state.acceptance[row] for row in state.active.nonzero()[:, 0].tolist()])
+        start = self._tick() if policy is not None else 0.0
+        if self.proposer is not None and num_drafts > 0:
             drafts, round_drafts = self._propose(
                 self.proposer,
                 state.context,
                 state.layout.valid,
                 state.anchor,
                 state.anchor_pos,
-                config.num_draft_tokens,
+                num_drafts,
                 config.draft_confidence,
             )
-            state.stats.drafter_passes += self.proposer.passes_per_round(config.num_draft_tokens)
+            state.stats.drafter_passes += self.proposer.passes_per_round(num_drafts)
+            if policy is not None:
+                drafted = self._tick()
+                policy.costs.observe_draft((drafted - start) / self.proposer.passes_per_round(num_drafts))
+                start = drafted
         n = drafts.shape[1]
         chain = torch.cat((state.anchor[:, None], drafts), dim=1)  # [B, n+1]
         chain_pos = state.anchor_pos[:, None] + torch.arange(n + 1, device=device)
         mask = torch.cat((state.layout.valid, torch.ones_like(chain, dtype=torch.bool)), dim=1)
         logits, features = self.target.forward(chain, chain_pos, mask, state.cache, self.layer_ids)
+        if policy is not None:
+            policy.costs.observe_verify(n + 1, self._tick() - start)
         state.stats.rounds += 1
         noise = self._noise(config, state.request_ids, state.anchor_pos + 1, n, logits.shape[-1])
         return (
@@ -296,6 +336,8 @@ class SpeculativeDecoder:
             state.context = self.proposer.extend(state.context, features, chain_pos)
         for row in state.active.nonzero()[:, 0].tolist():
             accepted = int(result.accepted_len[row])
+            if state.acceptance is not None:
+                state.acceptance[row].observe(int(round_drafts[row]) if round_drafts is not None else n, accepted)
             state.stats.accepted_by_request[row].append(accepted)
             state.stats.drafts_verified += int(round_drafts[row]) if round_drafts is not None else n
             state.outputs[row].extend(result.output_tokens[row, : accepted + 1].tolist())
@@ -307,6 +349,11 @@ class SpeculativeDecoder:
         state.layout.crop(live)
         if self.proposer is not None:
             state.context = self.proposer.crop(state.context, live)
+
+    def _tick(self) -> float:
+        """The clock after the device's queued work (rounds are timed only for the adaptive policy)."""
+        synchronize(self.target.device)
+        return self.clock()
 
     @staticmethod
     def _propose(proposer, context, valid, anchor, anchor_pos, num_drafts: int, confidence: float):

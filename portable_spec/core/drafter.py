@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from portable_spec.core.attention import BlockMask, window_mask, within_block_mask
+from portable_spec.core.attention import BlockMask, anchor_window_mask, window_mask, within_block_mask
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
 from portable_spec.core.drafter_layers import DrafterLayer, rotary_cos_sin, rotary_frequencies
 from portable_spec.core.spec import DrafterConfig, LayerAttention, SpecError
@@ -207,7 +207,13 @@ def _layer_mask(
     if attention.window is not None:
         if context_positions is None:
             raise ValueError("a sliding-window layer needs the context's positions (context_positions [B, T])")
-        context_mask = context_mask & window_mask(query_positions, context_positions, attention.window)
+        if attention.window_per_anchor:  # every slot measures from its block's slot 0, the anchor
+            b = query_positions.shape[0]
+            anchors = query_positions.view(b, num_blocks, block_size)[:, :, :1].expand(-1, -1, block_size)
+            in_window = anchor_window_mask(anchors.reshape(b, -1), context_positions, attention.window)
+        else:
+            in_window = window_mask(query_positions, context_positions, attention.window)
+        context_mask = context_mask & in_window
     within = within_block_mask(block_size, attention.block_causal, num_blocks, context_mask.device)
     return BlockMask(dense=torch.cat((context_mask, within.expand(context_mask.shape[0], -1, -1)), dim=-1)[:, None])
 

@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import torch
 
-from portable_spec.core.decode_matmul import decode_shaped_linears
 from portable_spec.core.drafter import ContextKV, Drafter
+from portable_spec.core.matmul_layout import LayoutTable, measured_linears
 from portable_spec.core.spec import DrafterConfig
 
 
@@ -55,8 +55,8 @@ class DraftProposer(Protocol):
     def passes_per_round(self, num_drafts: int) -> int:
         """Drafter forward passes one round costs (for stats)."""
 
-    # Optional: `decode_layout() -> context manager`, entered around each generate call (TorchProposer uses it
-    # for the decode-shaped CPU matmul layout); a proposer without it runs as it is.
+    # Optional: `decode_layout(table) -> context manager`, entered around each generate call (TorchProposer uses it
+    # for the measured matmul layout, matmul_layout.py); a proposer without it runs as it is.
 
 
 @dataclass
@@ -97,6 +97,6 @@ class TorchProposer:
     def passes_per_round(self, num_drafts: int) -> int:
         return num_drafts if self.drafter.behaviour.autoregressive else 1
 
-    def decode_layout(self) -> AbstractContextManager:
-        """The drafter's linear layers in the decode-shaped CPU layout while a generate call runs (decode_matmul.py)."""
-        return decode_shaped_linears(self.drafter)
+    def decode_layout(self, table: LayoutTable) -> AbstractContextManager:
+        """The drafter's linear layers in `table`'s measured layouts while a generate call runs (matmul_layout.py)."""
+        return measured_linears(table, self.drafter)

@@ -19,6 +19,7 @@ from portable_spec.core.errors import validation_line
 FORMAT_VERSION = 1
 MAX_BLOCK_SIZE = 64
 MAX_POSITION_EMBEDDINGS = 32768  # written for engines that size rotary tables from it
+MAX_SLIDING_WINDOW = 2**31 - 1  # wider reaches no further in any context; 2**63 overflowed generate and the ONNX export
 
 
 class SpecError(ValueError):
@@ -60,9 +61,9 @@ BLOCK_ATTENTION = ("bidirectional", "causal", "causal_in_sliding_layers")
 
 class ParallelVariant(_Strict):
     """DFlash-style: one pass over [anchor, MASK...], no shift-mix. The block slots attend to each other
-    bidirectionally (DFlash), or causally in every layer (upstream `is_causal: true`; speculators' trainer default,
-    whose layers all slide), or causally in the sliding-window layers only (how z-lab's model.py and vLLM read a
-    config with sliding layers and no `is_causal`)."""
+    bidirectionally (DFlash), or causally in every layer (z-lab `is_causal: true`; speculators 0.9.0's trainer
+    default, whose layers all slide), or causally in the sliding-window layers only (z-lab `dflash` 0.1.0
+    dflash/model.py with `is_causal` unset, SpecForge 0.2.0's trainer, vLLM 0.32 `_dflash_layer_causal`)."""
 
     kind: Literal["parallel"] = "parallel"
     engine_architecture: ClassVar[str] = "DFlashDraftModel"  # native in vLLM, SGLang, TensorRT-LLM >= 1.3
@@ -111,6 +112,15 @@ class TargetBinding(_Strict):
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
+# Where a sliding layer's window is measured from; what each upstream trainer computes (read from its source):
+# - per_slot: each block slot at position p sees context keys k with p - k < W (transformers' sliding windows;
+#   z-lab `dflash` 0.1.0 dflash/model.py `_attention_mask`; SpecForge 0.2.0 trainer
+#   algorithms/common/dflash_family_model.py `create_dflash_sdpa_mask`; vLLM and SGLang serve every DFlash
+#   drafter this way);
+# - per_anchor: every slot of a block sees the same context keys k >= anchor - W (speculators 0.9.0 trainer,
+#   models/dflash/attention.py `create_anchor_block_mask_mod.base_prefix_mod`), so slot j sees j + 1 positions
+#   more than per_slot gives it.
+WINDOW_RULES = ("per_slot", "per_anchor")
 
 
 class YarnScaling(_Strict):
@@ -131,12 +141,14 @@ class YarnScaling(_Strict):
 
 @dataclass(frozen=True)
 class LayerAttention:
-    """What one drafter layer's block queries see: every context position (window None) or only those less than
-    `window` positions behind the query's own (HF/vLLM sliding windows: q_pos - k_pos < window), and, inside the
-    block, only earlier slots (block_causal) or every slot."""
+    """What one drafter layer's block queries see: every context position (window None) or a window of them
+    (`window_per_anchor` False: less than `window` positions behind the query's own, q_pos - k_pos < window;
+    True: at most `window` positions behind the block's anchor, k_pos >= anchor - window, the same for every
+    slot: WINDOW_RULES), and, inside the block, only earlier slots (block_causal) or every slot."""
 
     window: int | None
     block_causal: bool
+    window_per_anchor: bool = False
 
 
 def layer_attention_problem(
@@ -145,6 +157,7 @@ def layer_attention_problem(
     num_hidden_layers: int,
     block_size: int,
     block_attention: str | None = None,
+    window_rule: str | None = None,
 ) -> str | None:
     """What is wrong with a drafter's sliding layers, or None: the rules of DrafterConfig, also what the importer
     checks before a target loads."""
@@ -166,6 +179,8 @@ def layer_attention_problem(
             f"sliding_window={sliding_window} is smaller than block_size={block_size}; a window must hold the whole "
             "block (engines disagree on windows inside the block)"
         )
+    if window_rule not in (None, "per_slot") and not sliding:
+        return f"window_rule={window_rule} but no layer is sliding_attention; drop window_rule"
     if block_attention == "causal_in_sliding_layers" and not sliding:
         return (
             "variant.block_attention=causal_in_sliding_layers needs sliding_attention layers in layer_types; use "
@@ -217,7 +232,16 @@ class DrafterConfig(_Strict):
         "`sliding_window` positions); omitted: all full.",
     )
     sliding_window: int | None = Field(
-        None, ge=1, description="Window of the sliding_attention layers, in positions; set iff any layer slides."
+        None,
+        ge=1,
+        le=MAX_SLIDING_WINDOW,
+        description="Window of the sliding_attention layers, in positions; set iff any layer slides.",
+    )
+    window_rule: Literal[WINDOW_RULES] = Field(
+        "per_slot",
+        description="Where a sliding window is measured from: per_slot (each slot's own position, q - k < W: "
+        "transformers, z-lab, SpecForge, vLLM, SGLang) or per_anchor (the block's anchor, k >= anchor - W for "
+        "every slot: speculators' trainer). Only with sliding layers; written only when per_anchor.",
     )
 
     @model_validator(mode="before")
@@ -279,6 +303,7 @@ class DrafterConfig(_Strict):
             self.num_hidden_layers,
             self.block_size,
             getattr(self.variant, "block_attention", None),
+            self.window_rule,
         )
         if problem:
             raise ValueError(problem)
@@ -296,7 +321,8 @@ class DrafterConfig(_Strict):
             causal = self.variant.behaviour.block_causal
         else:
             causal = mode == "causal" or (mode == "causal_in_sliding_layers" and sliding)
-        return LayerAttention(self.sliding_window if sliding else None, causal)
+        per_anchor = sliding and self.window_rule == "per_anchor"
+        return LayerAttention(self.sliding_window if sliding else None, causal, per_anchor)
 
     @property
     def block_causal(self) -> bool:
@@ -357,8 +383,11 @@ class DrafterConfig(_Strict):
     def to_json_dict(self) -> dict[str, Any]:
         """What config.json holds: our fields, then the derived engine keys (layer_types always written: engines
         read it)."""
+        ours = self.model_dump(mode="json", exclude_none=True)
+        if ours["window_rule"] == "per_slot":  # the default, left out so existing checkpoints keep one config
+            del ours["window_rule"]
         return {
-            **self.model_dump(mode="json", exclude_none=True),
+            **ours,
             "layer_types": self.engine_layer_types(),
             **self.engine_fields(),
         }

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from portable_spec import cli
-from portable_spec.conformance.checks import all_checks
 from portable_spec.conformance.runner import (
     FAIL,
     INHERITS,
@@ -19,6 +18,7 @@ from portable_spec.conformance.runner import (
     resolve_backend,
     run_check,
 )
+from portable_spec.conformance.suite import all_checks
 from portable_spec.core.backends import BACKENDS, ReferenceBackend, inherited_components
 from tests.conformance.toy_backends import (
     DecodeLayerShiftBackend,

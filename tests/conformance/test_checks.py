@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from portable_spec.conformance.checks import all_checks
 from portable_spec.conformance.runner import PASS, SKIP, ExpectedFailures, resolve_backend, run_check
+from portable_spec.conformance.suite import all_checks
 from portable_spec.core import fixtures
 
 CHECKS = {check.id: check for check in all_checks()}

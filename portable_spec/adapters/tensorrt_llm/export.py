@@ -129,6 +129,11 @@ def _dflash_unsupported(config: DrafterConfig, version: str) -> str | None:
             f"variant.block_attention={config.variant.block_attention}: TensorRT-LLM's DFlash drafter runs the block "
             "bidirectionally in every layer (modeling_dflash.py: generic DFlash keeps `_sliding_layers_causal` off)"
         )
+    if config.has_windows and config.window_rule == "per_anchor":
+        return (
+            "window_rule=per_anchor: TensorRT-LLM's DFlash drafter windows each slot from its own position "
+            "(use_swa / swa_window_size, q - k < W), not from the block's anchor as speculators' trainer does"
+        )
     if config.own_embeddings:
         return (
             f"own_embeddings=true (hidden_size {config.hidden_size}, target {config.target.hidden_size}): TensorRT-LLM's "

@@ -17,8 +17,12 @@ from portable_spec.adapters.upstream.layouts import UpstreamDrafter, read_upstre
 from portable_spec.core.checkpoint import check_weight_values, save_drafter
 from portable_spec.core.drafter import check_draft_vocab, check_weight_shapes, target_ids_of
 from portable_spec.core.outputs import check_output_dir
-from portable_spec.core.spec import DrafterConfig, SpecError, parse_config
+from portable_spec.core.spec import BLOCK_ATTENTION, WINDOW_RULES, DrafterConfig, SpecError, parse_config
 from portable_spec.core.target import TargetModel
+
+TRAINER = "trainer"  # an import option's default: what the code that trained the checkpoint computes
+WINDOW_RULE_CHOICES = (TRAINER, *WINDOW_RULES)
+BLOCK_ATTENTION_CHOICES = (TRAINER, *BLOCK_ATTENTION)
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,27 @@ class ImportResult:
     out: Path
     config: DrafterConfig
     layout: str
+    rules: tuple[str, ...] = ()  # how sliding layers were read (layouts.TRAINER_RULES), for the printout
+
+
+def check_import_options(window_rule: str, block_attention: str) -> None:
+    """--window-rule and --block-attention name a choice, checked before anything is read."""
+    for flag, value, choices in (
+        ("--window-rule", window_rule, WINDOW_RULE_CHOICES),
+        ("--block-attention", block_attention, BLOCK_ATTENTION_CHOICES),
+    ):
+        if value not in choices:
+            raise SpecError(f"{flag} {value!r} is not a choice; valid options: {', '.join(choices)}")
+
+
+def chosen_attention(upstream: UpstreamDrafter, window_rule: str, block_attention: str) -> tuple[dict, str]:
+    """(window fields, block attention) of the portable config: the trainer's unless an option overrides it."""
+    fields = {key: upstream.fields[key] for key in ("window_rule",) if key in upstream.fields}
+    if window_rule != TRAINER:
+        if "sliding_window" not in upstream.fields and window_rule != "per_slot":
+            raise SpecError(f"--window-rule {window_rule}: the checkpoint has no sliding layers; drop the option")
+        fields["window_rule"] = window_rule
+    return fields, upstream.block_attention if block_attention == TRAINER else block_attention
 
 
 def _same_matrix(stored: torch.Tensor, own: torch.Tensor) -> bool:
@@ -73,12 +98,21 @@ def embedding_and_head(
 
 
 def import_drafter(
-    source: Path, target_dir: Path, out: Path, layout: str = "auto", force: bool = False
+    source: Path,
+    target_dir: Path,
+    out: Path,
+    layout: str = "auto",
+    force: bool = False,
+    window_rule: str = TRAINER,
+    block_attention: str = TRAINER,
 ) -> ImportResult:
     """Read `source` in an upstream layout, bind it to the target at `target_dir`, write a portable checkpoint to
-    `out` (atomically; an existing output is replaced only if it is a drafter, or with `force`)."""
+    `out` (atomically; an existing output is replaced only if it is a drafter, or with `force`). Sliding windows
+    and block attention are the trainer's (layouts.TRAINER_RULES) unless `window_rule` / `block_attention` choose."""
     source, out = Path(source), Path(out)
+    check_import_options(window_rule, block_attention)
     upstream = read_upstream(source, layout)
+    windows, mode = chosen_attention(upstream, window_rule, block_attention)
     check_output_dir(out, "drafter", inputs=(source, target_dir), force=force)  # before the target loads
     target = TargetModel.load(target_dir)
     layers = target.config.num_hidden_layers
@@ -94,8 +128,9 @@ def import_drafter(
         )
     config = parse_config(
         {
-            "variant": {"kind": "parallel", "block_attention": upstream.block_attention},
+            "variant": {"kind": "parallel", "block_attention": mode},
             **upstream.fields,
+            **windows,
             "own_embeddings": upstream.fields["hidden_size"] != target.config.hidden_size,
             "target": target.binding(upstream.verifier),
         },
@@ -109,4 +144,4 @@ def import_drafter(
     check_weight_shapes(config, {name: tuple(t.shape) for name, t in weights.items()}, str(source))
     save_drafter(out, config, weights, force=force)
     target.load_drafter(out)  # the written checkpoint loads and binds, as every backend will load it
-    return ImportResult(out, config, upstream.layout)
+    return ImportResult(out, config, upstream.layout, upstream.rules)

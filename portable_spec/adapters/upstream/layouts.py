@@ -13,8 +13,9 @@ Two layouts, from their public source:
 Both hold the same weights under the same names (`fc`, `hidden_norm`, `layers.*`, `norm`); the embedding and head
 tensors some of them ship (`embed_tokens`, `lm_head`, `t2d`, speculators' frozen `verifier_*` copies) are set aside
 for the importer to compare with the target's (a drafter whose `hidden_size` differs from its `target_hidden_size`
-ships its own). Sliding-window layers, causal blocks and YaRN are read as the upstream code reads them
-(`sliding_layers`, `block_attention`, `rope_scaling`); whatever has no portable equivalent (DFlash2 blocks, logit
+ships its own). Sliding-window layers, causal blocks and YaRN are read as the code that trained the checkpoint
+computes them (`sliding_layers`, `block_attention`, `rope_scaling`, TRAINER_RULES; checked against the packages'
+own forward by the `upstream/*` conformance rows); whatever has no portable equivalent (DFlash2 blocks, logit
 scales, fused-layer variants, pickled files) is refused by name.
 """
 
@@ -86,6 +87,7 @@ class UpstreamDrafter:
     verifier: str | None = None  # the target the checkpoint names, if any
     target_hidden_size: int | None = None  # the target width the checkpoint says fc reads, if it says
     block_attention: str = "bidirectional"  # the parallel kind's block attention (spec.ParallelVariant)
+    rules: tuple[str, ...] = ()  # how the windows and block attention were read, and from which upstream code
 
 
 def _refuse(source: str, key: str, value, fix: str) -> SpecError:
@@ -265,8 +267,11 @@ def sliding_layers(values: dict, num_layers: int, source: str, prefix: str = "")
 
 def block_attention(layer_types: list[str] | None, causal: bool | None) -> str:
     """The parallel kind's block attention from an explicit causality (`is_causal`, `dflash_config.causal`,
-    speculators' `not sliding_window_non_causal`) or, when none is set, the upstream default: causal exactly in the
-    sliding layers (z-lab's model.py, vLLM's `_dflash_layer_causal`, SGLang's `_get_dflash_attention_type`)."""
+    speculators' `not sliding_window_non_causal`) or, when none is set, the trainers' default: causal exactly in the
+    sliding layers (z-lab `dflash` 0.1.0 dflash/model.py `Qwen3DFlashAttention.is_causal`; SpecForge 0.2.0
+    `create_dflash_sdpa_mask`; speculators 0.9.0 `create_anchor_block_mask_mod`; vLLM 0.32 reads the same from
+    qwen3_dflash.py `_dflash_layer_causal`). Upstream code that runs it otherwise (SpecForge 0.2.0's spec_generate,
+    z-lab's repository at 44947fb: bidirectional) is chosen with `portable-spec import --block-attention`."""
     sliding = [kind == "sliding_attention" for kind in layer_types or []]
     if causal is not None:
         return "causal" if causal else "bidirectional"
@@ -344,6 +349,8 @@ def _speculators(data: dict, source: str) -> tuple[dict, str | None]:
     # bidirectional (models/dflash/attention.py, config.py)
     non_causal = data.get("sliding_window_non_causal", False)
     fields["block_attention"] = block_attention(fields.get("layer_types"), False if non_causal else None)
+    if "sliding_window" in fields:
+        fields["window_rule"] = "per_anchor"
     verifier = (data.get("speculators_config") or {}).get("verifier") or {}
     return fields, verifier.get("name_or_path")
 
@@ -446,6 +453,7 @@ def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
             f"{path}: draft_vocab_size={fields['draft_vocab_size']} but no d2t tensor maps draft ids to target ids"
         )
     mode = fields.pop("block_attention")
+    rules = trainer_rules(found, fields)
     problem = layer_attention_problem(
         fields.get("layer_types"), fields.get("sliding_window"), fields["num_hidden_layers"], fields["block_size"]
     )
@@ -460,4 +468,28 @@ def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
         verifier,
         target.get("target_hidden_size"),
         mode,
+        rules,
     )
+
+
+# What each layout's trainer computes in sliding layers, and where upstream code disagrees with it (read from the
+# packages' source at these versions): the import's defaults and the notes its printout carries.
+TRAINER_RULES = {
+    "speculators": (
+        "speculators 0.9.0 trains sliding layers with one window per block, kv_pos >= anchor - W for every slot "
+        "(models/dflash/attention.py base_prefix_mod), causal inside the block unless sliding_window_non_causal, "
+        "full layers bidirectional: imported as window_rule=per_anchor. vLLM and SGLang serve such a drafter with "
+        "per-slot windows (q - k < W), a different function (--window-rule per_slot imports that one)"
+    ),
+    "dflash": (
+        "z-lab dflash 0.1.0 (dflash/model.py _attention_mask) and SpecForge 0.2.0's trainer "
+        "(create_dflash_sdpa_mask) window each slot, q - k < W, causal in sliding layers unless is_causal says "
+        "otherwise: imported as window_rule=per_slot. SpecForge 0.2.0's spec_generate and z-lab's repository at "
+        "44947fb run sliding layers bidirectionally (--block-attention bidirectional imports that one)"
+    ),
+}
+
+
+def trainer_rules(layout: str, fields: dict) -> tuple[str, ...]:
+    """The note an import prints about its sliding layers' rules (none without sliding layers)."""
+    return (TRAINER_RULES[layout],) if "sliding_window" in fields else ()

@@ -59,6 +59,14 @@ def speculators_config(config) -> dict:
             "the speculators format: its DFlash sizes fc from the drafter's own width (src/speculators/models/dflash/"
             'core.py); serve the portable checkpoint instead: speculative_config={"method": "dflash", "model": DRAFTER}'
         )
+    if config.has_windows and config.window_rule != "per_anchor":
+        raise SpecError(
+            f"window_rule={config.window_rule} (sliding_window {config.sliding_window}) cannot be written in the "
+            "speculators format: speculators 0.9.0's trainer windows every slot of a block from its anchor "
+            "(models/dflash/attention.py base_prefix_mod), so the checkpoint would be trained on and imported back "
+            "as another function; serve the portable checkpoint instead: "
+            'speculative_config={"method": "dflash", "model": DRAFTER}'
+        )
     layer = {name: getattr(config, name) for name in LAYER_FIELDS} | {
         "model_type": "qwen3",
         "hidden_act": "silu",

@@ -1,0 +1,269 @@
+"""The upstream side of the oracle: run inside an upstream package's own venv (never imports portable_spec).
+
+    python worker.py REQUEST.json
+
+For each case of the request it builds the upstream project's own drafter class on the fixture target, fills it
+with seeded random weights (or given ones), saves it the way that project saves (`save_pretrained`), and runs that
+project's own forward on the request's features and block, writing the draft logits of every slot
+(`<case>/oracle.safetensors`, [1, k, vocab] float32 over the target vocabulary; -inf outside a draft vocabulary)
+and what ran (`<case>/oracle.json`). Where the project ships a decode loop (z-lab `dflash_generate`) it also decodes
+the request's prompt greedily and records the tokens and the accepted length of every round.
+
+The forward each project is taken through is the one its trainer (or decode loop) runs:
+- dflash 0.1.0 (z-lab): `DFlashDraftModel.forward` with no mask, as `dflash_generate` calls it; the model builds
+  its own mask (`_attention_mask`: `is_causal` per layer, window q - k < W), logits by `compute_logits` on the
+  target's head.
+- speculators 0.9.0: `DFlashDraftModel.from_training_args` (its trainer's builder; verifier = the fixture target)
+  and `_backbone_forward` with one anchor (its trainer's mask `create_anchor_block_mask_mod`: context
+  k >= anchor - W in sliding layers, full layers bidirectional, sliding ones causal unless
+  `sliding_window_non_causal`), logits from its own `lm_head` (the draft vocabulary's rows when reduced).
+- specforge 0.2.0: `OnlineDFlashModel._forward_draft_blocks` (its trainer's forward, sdpa mask
+  `create_dflash_sdpa_mask`: window per slot, causal in sliding layers) with one anchor, logits on the target's head.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM, Qwen3Config
+
+
+def seeded_weights(model: torch.nn.Module, seed: int, skip: tuple[str, ...]) -> None:
+    """Random weights large enough that attention is far from uniform (so a changed mask changes the logits):
+    matrices ~ N(0, 1/fan_in), norms 1 + N(0, 0.1^2); the target-owned tensors in `skip` are left alone."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in sorted(model.named_parameters()):
+            if any(part in name for part in skip):
+                continue
+            if parameter.dim() == 1:
+                parameter.copy_(1 + 0.1 * torch.randn(parameter.shape, generator=generator))
+            else:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / parameter.shape[-1] ** 0.5)
+
+
+def layer_config(case: dict, target_config) -> Qwen3Config:
+    """The drafter's Qwen3 layer config, as each project writes one (rope, windows, shapes)."""
+    rope = {"rope_type": "default", "rope_theta": case["rope_theta"]}
+    if case.get("yarn"):
+        rope = {"rope_type": "yarn", "rope_theta": case["rope_theta"], **case["yarn"]}
+    sliding = case.get("layer_types") and "sliding_attention" in case["layer_types"]
+    return Qwen3Config(
+        vocab_size=target_config.vocab_size,
+        hidden_size=target_config.hidden_size,
+        num_hidden_layers=case["num_hidden_layers"],
+        num_attention_heads=case["num_attention_heads"],
+        num_key_value_heads=case["num_key_value_heads"],
+        head_dim=case["head_dim"],
+        intermediate_size=case["intermediate_size"],
+        rms_norm_eps=1e-6,
+        max_position_embeddings=2048,  # = factor x original for the YaRN case, as transformers expects
+        rope_parameters=rope,
+        layer_types=case.get("layer_types") or ["full_attention"] * case["num_hidden_layers"],
+        use_sliding_window=bool(sliding),
+        sliding_window=case["sliding_window"] if sliding else None,
+        max_window_layers=0 if sliding else case["num_hidden_layers"],
+        tie_word_embeddings=False,
+    )
+
+
+def full_vocab_logits(logits: torch.Tensor, draft_ids: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """[1, k, V_draft] -> [1, k, vocab]: a draft vocabulary's logits at their target ids, -inf elsewhere."""
+    if draft_ids is None:
+        return logits
+    full = logits.new_full((*logits.shape[:-1], vocab), float("-inf"))
+    return full.scatter(-1, draft_ids.expand(*logits.shape[:-1], -1), logits)
+
+
+# -- z-lab dflash ------------------------------------------------------------------------------------------------
+def run_dflash(case: dict, target, inputs: dict, out: Path) -> dict:
+    from dflash.model import DFlashDraftModel
+
+    config = layer_config(case, target.config)
+    config.architectures = ["DFlashDraftModel"]
+    config.num_target_layers = target.config.num_hidden_layers
+    config.block_size = case["block_size"]
+    config.dflash_config = {
+        "target_layer_ids": case["target_layer_ids"],
+        "mask_token_id": case["mask_token_id"],
+        "block_size": case["block_size"],
+    }
+    if case.get("causal") is not None:
+        config.is_causal = case["causal"]
+    torch.manual_seed(case["seed"])
+    model = DFlashDraftModel(config).float().eval()
+    load_or_seed(model, case, skip=())
+    model.save_pretrained(out / "checkpoint")
+    features, block = inputs["features"], inputs["block_ids"]
+    length, k = features.shape[1], block.shape[1]
+    with torch.no_grad():
+        hidden = model(
+            position_ids=torch.arange(length + k)[None],
+            noise_embedding=F.embedding(block, target.get_input_embeddings().weight),
+            target_hidden=features,
+        )
+        logits = model.compute_logits(hidden, target.lm_head)
+    result = {"logits": logits.float()}
+    info = {"forward": "dflash.model.DFlashDraftModel.forward (mask from its _attention_mask)"}
+    if case.get("decode"):
+        info["decode"] = decode_rounds(model, target, inputs["prompt_ids"], case)
+    return result, info
+
+
+def decode_rounds(model, target, prompt_ids, case) -> dict:
+    """Tokens emitted per round (accepted drafts + 1, cut at max_new_tokens) by z-lab's own `dflash_generate`,
+    read off its return_stats; its timer synchronizes CUDA, so it is replaced by perf_counter on a CPU."""
+    import time
+
+    import dflash.model as zlab
+
+    zlab._cuda_time = time.perf_counter  # its only CUDA call; the decode itself is device-agnostic
+    stats = zlab.dflash_generate(
+        model,
+        target,
+        prompt_ids,
+        max_new_tokens=case["decode"]["max_new_tokens"],
+        stop_token_ids=None,
+        block_size=case["block_size"],
+        return_stats=True,
+    )
+    return {
+        "tokens": stats.output_ids[0, prompt_ids.shape[1] :].tolist(),
+        "emitted_per_round": [int(n) for n in stats.acceptance_lengths],
+        "max_new_tokens": case["decode"]["max_new_tokens"],
+    }
+
+
+# -- vLLM speculators --------------------------------------------------------------------------------------------
+def run_speculators(case: dict, target, inputs: dict, out: Path) -> dict:
+    from speculators.models.dflash import DFlashDraftModel
+
+    config = layer_config(case, target.config)
+    draft_ids = inputs.get("draft_ids")
+    t2d = d2t = None
+    if draft_ids is not None:
+        t2d = torch.zeros(target.config.vocab_size, dtype=torch.bool)
+        t2d[draft_ids] = True
+        ordered = draft_ids.sort().values  # speculators' d2t: draft id -> target id offset, in target-id order
+        d2t = ordered - torch.arange(len(ordered))
+        draft_ids = ordered
+    kwargs = {
+        "verifier_name_or_path": case["target_dir"],
+        "target_layer_ids": [i + 1 for i in case["target_layer_ids"]],  # HF hidden_states indices
+        "draft_vocab_size": len(draft_ids) if draft_ids is not None else target.config.vocab_size,
+        "block_size": case["block_size"],
+        "mask_token_id": case["mask_token_id"],
+        "draft_attn_impl": "sdpa",
+    }
+    if case.get("causal") is not None:  # speculators' switch is the opposite: sliding_window_non_causal
+        kwargs["sliding_window_non_causal"] = not case["causal"]
+    torch.manual_seed(case["seed"])
+    model = DFlashDraftModel.from_training_args(config, t2d=t2d, d2t=d2t, **kwargs).float().eval()
+    load_or_seed(model, case, skip=("embed_tokens", "lm_head", "verifier_", "t2d", "d2t"))
+    model.save_pretrained(out / "checkpoint")
+    features, block = inputs["features"], inputs["block_ids"]
+    length, k = features.shape[1], block.shape[1]
+    anchor = length  # the block's slot 0 sits right after the context, as in decoding
+    # the packed row: context, the anchor, then positions the mask hides from the block; select_anchors never
+    # draws from the last block_size positions, so the row runs one past the block
+    total = length + k + 1
+    input_ids = torch.zeros(1, total, dtype=torch.long)
+    input_ids[0, anchor] = block[0, 0]
+    loss_mask = torch.zeros(1, total, dtype=torch.long)
+    loss_mask[0, anchor] = 1
+    hidden_states = torch.cat((features, torch.zeros(1, total - length, features.shape[-1])), dim=1)
+    with torch.no_grad():
+        _, logits, _, _, drawn = model._backbone_forward(
+            hidden_states,
+            input_ids,
+            loss_mask,
+            torch.zeros(1, total, target.config.hidden_size),
+            torch.zeros(1, total, dtype=torch.long),
+            max_anchors=1,
+        )
+    if drawn.tolist() != list(range(anchor, anchor + k)):
+        raise RuntimeError(f"speculators drew the block at {drawn.tolist()}, expected it at {anchor}..{anchor + k - 1}")
+    logits = full_vocab_logits(logits.float(), draft_ids, target.config.vocab_size)
+    return {"logits": logits}, {"forward": "speculators DFlashDraftModel._backbone_forward (its trainer's mask)"}
+
+
+# -- SpecForge -------------------------------------------------------------------------------------------------
+def run_specforge(case: dict, target, inputs: dict, out: Path) -> dict:
+    from specforge.algorithms.common.dflash_family_model import OnlineDFlashModel
+    from specforge.modeling.draft.dflash import DFlashDraftModel
+
+    config = layer_config(case, target.config)
+    config.architectures = ["DFlashDraftModel"]
+    config.block_size = case["block_size"]
+    config.num_target_layers = target.config.num_hidden_layers
+    config.dflash_config = {"target_layer_ids": case["target_layer_ids"], "mask_token_id": case["mask_token_id"]}
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(case["seed"])
+    model = DFlashDraftModel(config).float().eval()
+    load_or_seed(model, case, skip=())
+    model.save_pretrained(out / "checkpoint")
+    trainer = OnlineDFlashModel(
+        model,
+        target.lm_head,
+        target.get_input_embeddings(),
+        case["mask_token_id"],
+        block_size=case["block_size"],
+        attention_backend="sdpa",
+        num_anchors=1,
+    )
+    features, block = inputs["features"], inputs["block_ids"]
+    length = features.shape[1]
+    total = length + 2  # the anchor and the token after it are supervised: the only anchor it may draw
+    input_ids = torch.zeros(1, total, dtype=torch.long)
+    input_ids[0, length] = block[0, 0]
+    loss_mask = torch.zeros(1, total)
+    loss_mask[0, length : length + 2] = 1
+    hidden_states = torch.cat((features, torch.zeros(1, 2, features.shape[-1])), dim=1)
+    with torch.no_grad():
+        anchors, _, hidden = trainer._forward_draft_blocks(input_ids, hidden_states, loss_mask)
+        logits = target.lm_head(hidden)
+    if anchors.tolist() != [[length]]:
+        raise RuntimeError(f"SpecForge drew anchors {anchors.tolist()}, expected [[{length}]]")
+    return {"logits": logits.float()}, {
+        "forward": "specforge OnlineDFlashModel._forward_draft_blocks (its trainer's create_dflash_sdpa_mask)"
+    }
+
+
+RUNNERS = {"dflash": run_dflash, "speculators": run_speculators, "specforge": run_specforge}
+
+
+def load_or_seed(model: torch.nn.Module, case: dict, skip: tuple[str, ...]) -> None:
+    """Given weights (a trained drafter's tensors under the upstream names) or seeded random ones."""
+    if case.get("weights"):
+        missing, unexpected = model.load_state_dict(load_file(case["weights"]), strict=False)
+        owned = [name for name in missing if not any(part in name for part in skip)]
+        if owned or unexpected:
+            raise RuntimeError(f"weights do not fit the upstream model: missing {owned}, unexpected {unexpected}")
+    else:
+        seeded_weights(model, case["seed"], skip)
+
+
+def main(request_path: str) -> None:
+    request = json.loads(Path(request_path).read_text())
+    package = request["package"]
+    torch.set_num_threads(request.get("threads", 1))
+    target = AutoModelForCausalLM.from_pretrained(request["target_dir"], dtype=torch.float32).eval()
+    for case in request["cases"]:
+        out = Path(case["out"])
+        out.mkdir(parents=True, exist_ok=True)
+        inputs = load_file(case["inputs"])
+        tensors, info = RUNNERS[package]({**case, "target_dir": request["target_dir"]}, target, inputs, out)
+        save_file({name: t.contiguous() for name, t in tensors.items()}, str(out / "oracle.safetensors"))
+        info.update(package=package, package_version=version(package), transformers=version("transformers"))
+        (out / "oracle.json").write_text(json.dumps(info, indent=1))
+        print(f"{package} {case['name']}: ok", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

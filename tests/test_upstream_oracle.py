@@ -1,0 +1,86 @@
+"""The upstream oracle itself: its rows pass on the reference, and they catch the misreadings they exist for.
+
+The `upstream`-marked tests run the upstream packages' own code, in the venvs `.ci/upstream_oracle_tests.sh` builds
+(or those named by PORTABLE_SPEC_UPSTREAM_VENVS), in that CI stage; the default suite deselects them. The comparison helper's
+own failure modes are tested without any venv.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from portable_spec.conformance.checks import CheckContext, CheckFailed
+from portable_spec.conformance.upstream_oracle.cases import CASES, UpstreamCase
+from portable_spec.conformance.upstream_oracle.checks import _block_check, compare_slots, upstream_checks
+from portable_spec.conformance.upstream_oracle.oracle import venv_python
+from portable_spec.conformance.workspace import CheckSkipped, Workspace
+from portable_spec.core.backends import ReferenceBackend
+
+
+def _needs(package: str) -> None:
+    try:
+        venv_python(package)
+    except CheckSkipped as skip:
+        pytest.skip(str(skip))
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return Workspace(tmp_path_factory.mktemp("oracle"))
+
+
+def _context(workspace) -> CheckContext:
+    return CheckContext("reference", ReferenceBackend(), workspace)
+
+
+def test_every_case_is_a_row_with_the_upstream_as_oracle():
+    rows = upstream_checks()
+    assert [row.id for row in rows] == [case.id for case in CASES]
+    assert {row.oracle for row in rows} == {"upstream"}
+    packages = {case.package for case in CASES}
+    assert packages == {"dflash", "speculators", "specforge"}
+    for package in packages:  # the cases the issue names, per package that reads them
+        names = {case.name for case in CASES if case.package == package}
+        assert any("sliding" in name for name in names) and any("yarn" in name for name in names)
+
+
+def test_compare_slots_fails_on_a_changed_slot_a_changed_argmax_and_a_changed_vocabulary():
+    expected = torch.randn(3, 50)
+    compare_slots("same", expected.clone(), expected)
+    shifted = expected.clone()
+    shifted[1] += 0.01 * torch.arange(50)
+    with pytest.raises(CheckFailed, match=r"draft slots \[2\]"):
+        compare_slots("shifted", shifted, expected)
+    masked = expected.clone()
+    masked[:, 7] = float("-inf")
+    with pytest.raises(CheckFailed, match="different set of tokens"):
+        compare_slots("vocab", masked, expected)
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_rows_pass_on_the_reference(workspace, case):
+    _needs(case.package)
+    _block_check(_context(workspace), case)
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize(
+    "package,name,wrong",
+    [
+        ("speculators", "sliding_b8", {"window_rule": "per_slot"}),  # what portable-spec read before: issue 42
+        ("speculators", "mixed", {"window_rule": "per_slot"}),
+        ("dflash", "sliding", {"window_rule": "per_anchor"}),
+        ("dflash", "mixed", {"block_attention": "bidirectional"}),  # SpecForge's spec_generate reading
+        ("speculators", "sliding_b8", {"block_attention": "bidirectional"}),
+    ],
+)
+def test_a_misread_window_or_block_attention_fails_its_row(workspace, package, name, wrong):
+    """Imported with another rule than the trainer's, the drafter computes another function and the row says so:
+    the oracle can tell the rules apart (the upstream, not a hand-written mask, is what differs)."""
+    _needs(package)
+    case = next(c for c in CASES if c.package == package and c.name == name)
+    misread = UpstreamCase(**{**case.__dict__, "import_options": wrong})
+    with pytest.raises(CheckFailed, match="differ from the upstream's own forward"):
+        _block_check(_context(workspace), misread)
