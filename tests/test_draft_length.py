@@ -9,7 +9,7 @@ import random
 import pytest
 
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.core.draft_length import DraftLengthPolicy, PassCosts, SlotAcceptance
+from portable_spec.core.draft_length import PRIOR_ROUNDS, DraftLengthPolicy, PassCosts, SlotAcceptance
 from portable_spec.core.testing import tiny_drafter, tiny_target
 
 
@@ -19,7 +19,8 @@ def test_slot_acceptance_counts_reached_and_accepted_slots():
     slots.observe(3, 3)
     assert slots.reached == [2, 2, 1] and slots.accepted == [2, 1, 1]
     rates = slots.rates()
-    assert rates[0] == pytest.approx((2 * 0.5 + 2) / 4) and rates[2] == pytest.approx((2 * 0.5 + 1) / 3)
+    assert rates[0] == pytest.approx((PRIOR_ROUNDS * 0.5 + 2) / (PRIOR_ROUNDS + 2))
+    assert rates[2] == pytest.approx((PRIOR_ROUNDS * 0.5 + 1) / (PRIOR_ROUNDS + 1))
     assert slots.expected_tokens(0) == 1
     assert slots.expected_tokens(2) == pytest.approx(1 + rates[0] + rates[0] * rates[1])
 
@@ -37,6 +38,9 @@ def test_costs_interpolate_between_measured_lengths():
 
 def _policy(verify: dict[int, float], draft: float, max_drafts: int = 4) -> DraftLengthPolicy:
     policy = DraftLengthPolicy(max_drafts)
+    verify = {2: None, **verify}  # every exploration round done: the line has points enough
+    if verify[2] is None:  # on the line between the ends
+        verify[2] = verify[1] + (verify[5] - verify[1]) / 4
     for tokens, seconds in verify.items():
         policy.costs.observe_verify(tokens, seconds)
     policy.costs.observe_draft(draft)
@@ -59,7 +63,19 @@ def test_the_policy_times_both_ends_first():
     policy.costs.observe_draft(0.02)
     assert policy.choose(requests) == 0  # then a plain round
     policy.costs.observe_verify(1, 0.07)
+    assert policy.choose(requests) == 1  # and one draft: where a short chain bends the line
+    policy.costs.observe_verify(2, 0.075)
     assert policy.choose(requests) in range(5)
+
+
+def test_a_new_request_starts_from_what_earlier_requests_accepted():
+    policy = DraftLengthPolicy(2)
+    first = policy.new_request()
+    assert first.rates() == [0.5, 0.5]
+    for _ in range(100):
+        policy.observe(first, 2, 2)  # every draft accepted
+    second = policy.new_request()
+    assert second.rates()[0] > 0.9 and second.reached == [0, 0]
 
 
 def test_plain_decoding_when_no_draft_length_pays():
@@ -94,8 +110,8 @@ def test_plain_rounds_are_interrupted_by_probes():
     policy = _policy({1: 0.07, 5: 0.35}, draft=0.02)
     policy.probe_every = 3
     requests = [_request([0.1] * 4)]
-    assert [policy.choose(requests) for _ in range(5)] == [0, 0, 0, 4, 0]
-    assert "k=0: 4, k=4: 1" in policy.summary() and "80% of 5 rounds plain" in policy.summary()
+    assert [policy.choose(requests) for _ in range(5)] == [0, 0, 0, 1, 0]
+    assert "k=0: 4, k=1: 1" in policy.summary() and "80% of 5 rounds plain" in policy.summary()
 
 
 def test_an_autoregressive_drafter_pays_per_pass():
@@ -129,7 +145,7 @@ def test_adaptive_output_is_plain_greedy_output(kind):
     output = decoder.generate(prompts, adaptive)
     assert output.tokens == plain
     policy = decoder.policies[3, len(prompts)]
-    assert policy.chosen[:2] == [3, 0]  # timed both ends first
+    assert policy.chosen[:3] == [3, 0, 1]  # timed both ends and one draft first
     assert len(policy.chosen) == output.stats.rounds
 
 
@@ -147,3 +163,10 @@ def test_output_is_plain_greedy_whatever_lengths_are_chosen(monkeypatch):
     assert output.tokens == plain
     chosen = decoder.policies[5, 2].chosen
     assert 0 in chosen and len(set(chosen)) > 2
+
+
+def test_drafting_rounds_are_interrupted_to_time_the_plain_pass_again():
+    policy = _policy({1: 0.07, 5: 0.075}, draft=0.005)
+    policy.refresh_every = 4
+    requests = [_request([0.9] * 4)]
+    assert [policy.choose(requests) for _ in range(6)] == [4, 4, 4, 4, 0, 4]

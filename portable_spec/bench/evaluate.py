@@ -143,8 +143,11 @@ class _Method:
     decoder: SpeculativeDecoder | None = None
 
 
-def _decoder_method(target: TargetModel, job: DecodeJob, base: GenerationConfig) -> _Method:
-    decoder = SpeculativeDecoder(target, job.drafter, layout_table(job.matmul_layout, target.device))
+def _decoder_method(target: TargetModel, job: DecodeJob, base: GenerationConfig, tables: dict) -> _Method:
+    """tables: one LayoutTable per layout name for the whole comparison, so a product is timed once."""
+    if job.matmul_layout not in tables:
+        tables[job.matmul_layout] = layout_table(job.matmul_layout, target.device)
+    decoder = SpeculativeDecoder(target, job.drafter, tables[job.matmul_layout])
     config = base.model_copy(
         update={
             "num_draft_tokens": max(job.num_draft_tokens, 1),
@@ -183,8 +186,9 @@ def compare(
     """Plain greedy decoding (the reference output), every job and, at batch 1, the HF baselines, warmed up and then
     timed interleaved unit by unit (a unit: batch_size prompts); `clock` is the timer (a test injects a fake one)."""
     base = GenerationConfig(max_new_tokens=max_new_tokens, stop_token_ids=stop_token_ids)
-    plain = _decoder_method(target, DecodeJob(PLAIN, None, 0), base)
-    others = [_decoder_method(target, job, base) for job in jobs]
+    tables: dict[str, LayoutTable | None] = {}
+    plain = _decoder_method(target, DecodeJob(PLAIN, None, 0), base, tables)
+    others = [_decoder_method(target, job, base, tables) for job in jobs]
     if hf_baselines and batch_size == 1:
         others += [_hf_method(target, lookup, stop_token_ids) for lookup in (None, prompt_lookup_num_tokens)]
     units = [prompts[start : start + batch_size] for start in range(0, len(prompts), batch_size)]

@@ -148,6 +148,9 @@ class _DecodeState:
     active: torch.Tensor  # [B] bool: still generating
     stats: DecodeStats = field(default_factory=DecodeStats)
     acceptance: list[SlotAcceptance] | None = None  # per request, with draft_length="adaptive"
+    # target features of plain rounds not yet in the drafter's context: [(features [B, 1, F], positions [B, 1])];
+    # added in one pass before the next draft, so a round that drafts nothing costs what plain decoding costs
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 class SpeculativeDecoder:
@@ -294,6 +297,9 @@ class SpeculativeDecoder:
         num_drafts = config.num_draft_tokens
         if policy is not None:
             num_drafts = policy.choose([state.acceptance[row] for row in state.active.nonzero()[:, 0].tolist()])
+        if self.proposer is not None and num_drafts > 0:
+            self._catch_up(state)  # untimed: its cost belongs to the plain rounds it catches up on
+        measured = self._measured_count()
         start = self._tick() if policy is not None else 0.0
         if self.proposer is not None and num_drafts > 0:
             drafts, round_drafts = self._propose(
@@ -308,7 +314,8 @@ class SpeculativeDecoder:
             state.stats.drafter_passes += self.proposer.passes_per_round(num_drafts)
             if policy is not None:
                 drafted = self._tick()
-                policy.costs.observe_draft((drafted - start) / self.proposer.passes_per_round(num_drafts))
+                if measured == self._measured_count():  # a round that timed layouts would skew the costs
+                    policy.costs.observe_draft((drafted - start) / self.proposer.passes_per_round(num_drafts))
                 start = drafted
         n = drafts.shape[1]
         chain = torch.cat((state.anchor[:, None], drafts), dim=1)  # [B, n+1]
@@ -316,7 +323,9 @@ class SpeculativeDecoder:
         mask = torch.cat((state.layout.valid, torch.ones_like(chain, dtype=torch.bool)), dim=1)
         logits, features = self.target.forward(chain, chain_pos, mask, state.cache, self.layer_ids)
         if policy is not None:
-            policy.costs.observe_verify(n + 1, self._tick() - start)
+            seconds = self._tick() - start
+            if measured == self._measured_count():
+                policy.costs.observe_verify(n + 1, seconds)
         state.stats.rounds += 1
         noise = self._noise(config, state.request_ids, state.anchor_pos + 1, n, logits.shape[-1])
         return (
@@ -332,12 +341,16 @@ class SpeculativeDecoder:
         n = chain_pos.shape[1] - 1
         kept = torch.arange(n + 1, device=chain_pos.device) <= result.accepted_len[:, None]
         state.layout.append(kept & state.active[:, None], chain_pos)
-        if self.proposer is not None:
+        if self.proposer is not None and n == 0 and state.acceptance is not None:
+            state.pending.append((features, chain_pos))  # an adaptive plain round: the drafter catches up later
+        elif self.proposer is not None:
+            self._catch_up(state)
             state.context = self.proposer.extend(state.context, features, chain_pos)
         for row in state.active.nonzero()[:, 0].tolist():
             accepted = int(result.accepted_len[row])
             if state.acceptance is not None:
-                state.acceptance[row].observe(int(round_drafts[row]) if round_drafts is not None else n, accepted)
+                verified = int(round_drafts[row]) if round_drafts is not None else n
+                self.policy(state.config, len(state.anchor)).observe(state.acceptance[row], verified, accepted)
             state.stats.accepted_by_request[row].append(accepted)
             state.stats.drafts_verified += int(round_drafts[row]) if round_drafts is not None else n
             state.outputs[row].extend(result.output_tokens[row, : accepted + 1].tolist())
@@ -347,8 +360,22 @@ class SpeculativeDecoder:
         if live < state.layout.valid.shape[1]:
             state.cache.crop(live - state.layout.valid.shape[1])  # negative = drop that many from the end
         state.layout.crop(live)
-        if self.proposer is not None:
+        if self.proposer is not None and not state.pending:
             state.context = self.proposer.crop(state.context, live)
+
+    def _catch_up(self, state: "_DecodeState") -> None:
+        """Add the features of the plain rounds since the last draft to the drafter's context, in one pass, and cut
+        it to the slots the caches still hold."""
+        if not state.pending:
+            return
+        features = torch.cat([f for f, _ in state.pending], dim=1)
+        positions = torch.cat([p for _, p in state.pending], dim=1)
+        state.pending.clear()
+        state.context = self.proposer.extend(state.context, features, positions)
+        state.context = self.proposer.crop(state.context, state.layout.valid.shape[1])
+
+    def _measured_count(self) -> int:
+        return len(self.matmul_layout.measured) if self.matmul_layout is not None else 0
 
     def _tick(self) -> float:
         """The clock after the device's queued work (rounds are timed only for the adaptive policy)."""

@@ -3,12 +3,14 @@ expected tokens per second, 0 (plain decoding) when no draft length pays.
 
 Expected tokens of a round with k drafts, per request: 1 + sum_{i<=k} prod_{j<=i} a_j, with a_j the request's
 conditional acceptance of slot j (a running estimate: counts of this request's rounds on top of a prior worth
-PRIOR_ROUNDS rounds). Its cost: the target pass over k + 1 tokens per request plus, for k > 0, the drafter's passes
+PRIOR_ROUNDS rounds; the prior is what the policy measured over every request before it, DEFAULT_PRIOR at first, as
+no checkpoint carries per-slot figures yet). Its cost: the target pass over k + 1 tokens per request plus, for k > 0, the drafter's passes
 (`passes(k)`: 1 for a single-pass drafter, k for an autoregressive one), each measured on this machine at this batch
 size while decoding (an exponential average of every round's timing). A length not yet timed is estimated by a
-straight line through the timed ones; until both ends are timed the policy times them itself (a round at k_max, then
-a plain round). While plain decoding wins it still drafts at k_max every PROBE_EVERY rounds, so acceptance that
-rises later is seen. The rule only chooses how many drafts the target verifies, so output is unchanged whatever it
+straight line through the nearest timed ones; until the ends and one draft are timed the policy times them itself
+(a round at k_max, a plain round, a round with one draft). While plain decoding wins it still drafts one token every PROBE_EVERY rounds, so acceptance that
+rises later is seen; while drafting wins, a plain round every REFRESH_EVERY rounds times the one-token pass again.
+A round during which a matmul layout was being measured is not timed. The rule only chooses how many drafts the target verifies, so output is unchanged whatever it
 chooses (verification decides every token).
 """
 
@@ -18,9 +20,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PRIOR_ROUNDS = 2.0  # weight of the prior acceptance, in rounds
+PRIOR_ROUNDS = 8.0  # weight of the prior (every earlier request's acceptance), in rounds: a request's own few rounds
+# move its estimate, a couple of unlucky ones do not switch it to plain decoding
 DEFAULT_PRIOR = 0.5  # conditional acceptance per slot assumed before any round (no checkpoint carries its own)
-PROBE_EVERY = 8  # plain rounds between probes at k_max
+PROBE_EVERY = 4  # plain rounds between probes with one draft
+REFRESH_EVERY = 32  # drafting rounds between plain ones that time the one-token pass again (costs drift with load)
 SMOOTHING = 0.3  # weight of the newest timing in the running average
 
 
@@ -97,15 +101,27 @@ class DraftLengthPolicy:
     passes: Callable[[int], int] = lambda k: 1  # drafter passes a round with k drafts costs
     costs: PassCosts = field(default_factory=PassCosts)
     probe_every: int = PROBE_EVERY
+    refresh_every: int = REFRESH_EVERY
     plain_rounds: int = 0  # consecutive rounds that chose 0
+    drafting_rounds: int = 0  # consecutive rounds that chose k > 0
     chosen: list[int] = field(default_factory=list)  # every round's choice, for the report
+    population: SlotAcceptance | None = None  # every request's rounds so far: the next request's prior
 
-    def new_request(self, prior: list[float] | None = None) -> SlotAcceptance:
-        return SlotAcceptance(list(prior) if prior else [DEFAULT_PRIOR] * self.max_drafts)
+    def __post_init__(self) -> None:
+        self.population = self.population or SlotAcceptance([DEFAULT_PRIOR] * self.max_drafts)
+
+    def new_request(self) -> SlotAcceptance:
+        return SlotAcceptance(self.population.rates())
+
+    def observe(self, request: SlotAcceptance, num_drafts: int, accepted_len: int) -> None:
+        """A request's round: its own estimate and the population's."""
+        request.observe(num_drafts, accepted_len)
+        self.population.observe(num_drafts, accepted_len)
 
     def choose(self, requests: list[SlotAcceptance]) -> int:
         k = self._choose(requests)
         self.plain_rounds = self.plain_rounds + 1 if k == 0 else 0
+        self.drafting_rounds = self.drafting_rounds + 1 if k > 0 else 0
         self.chosen.append(k)
         return k
 
@@ -115,8 +131,12 @@ class DraftLengthPolicy:
             return top  # time the longest round first
         if 1 not in self.costs.verify:
             return 0  # then a plain one: the two ends of the line
+        if top > 1 and 2 not in self.costs.verify:
+            return 1  # and one draft: the bend a short chain makes on a CPU
         if self.plain_rounds >= self.probe_every:
-            return top  # plain rounds observe no acceptance: look again now and then
+            return 1  # plain rounds observe no acceptance: look again now and then, at the cheapest draft
+        if self.drafting_rounds >= self.refresh_every:
+            return 0  # and drafting rounds do not time the one-token pass
         return max(range(top + 1), key=lambda k: (self.rate(requests, k), -k))
 
     def rate(self, requests: list[SlotAcceptance], k: int) -> float:
@@ -134,4 +154,11 @@ class DraftLengthPolicy:
         counts = {k: self.chosen.count(k) for k in sorted(set(self.chosen))}
         off = counts.get(0, 0) / len(self.chosen)
         spread = ", ".join(f"k={k}: {n}" for k, n in counts.items())
-        return f"draft length per round {spread} ({off:.0%} of {len(self.chosen)} rounds plain)"
+        verify = " / ".join(f"{self.costs.verify[n] * 1e3:.0f}" for n in sorted(self.costs.verify))
+        tokens = "/".join(str(n) for n in sorted(self.costs.verify))
+        draft = f", drafter pass {self.costs.draft * 1e3:.0f} ms" if self.costs.draft is not None else ""
+        rates = " ".join(f"{rate:.2f}" for rate in self.population.rates())
+        return (
+            f"draft length per round {spread} ({off:.0%} of {len(self.chosen)} rounds plain); measured: target pass "
+            f"{verify} ms for {tokens} tokens{draft}, acceptance per slot {rates}"
+        )
