@@ -548,6 +548,16 @@ CASES = [
                 "a sliding window smaller than its block",
                 r"sliding_window=2 is smaller than block_size=16.*cannot be imported",
             ),
+            (
+                "up_huge_window",
+                "a sliding window of 10**30 positions",
+                r"sliding_window=10{30} is past 2147483647.*cannot be imported",
+            ),
+            (
+                "up_window_2_63",
+                "a sliding window of 2**63 positions",
+                r"sliding_window=9223372036854775808 is past 2147483647.*cannot be imported",
+            ),
             ("up_dflash2", "a DFlash2 architecture", r"architectures = \[\"DFlash2DraftModel\"\] is DFlash2"),
             ("up_unknown_key", "an unknown dflash_config switch", r"dflash_config\.gate_mode = .*not a DFlash switch"),
             (
@@ -780,6 +790,12 @@ def _upstream_inputs(root: Path, parallel: Path) -> dict[str, Path]:
         ),
         "up_small_window": config_change(
             layer_types=["sliding_attention", "full_attention"], sliding_window=2, use_sliding_window=True
+        ),
+        "up_huge_window": config_change(
+            layer_types=["sliding_attention", "full_attention"], sliding_window=10**30, use_sliding_window=True
+        ),
+        "up_window_2_63": config_change(
+            layer_types=["sliding_attention", "full_attention"], sliding_window=2**63, use_sliding_window=True
         ),
         "up_dflash2": config_change(architectures=["DFlash2DraftModel"]),
         "up_unknown_key": dflash_change(gate_mode="sigmoid"),

@@ -214,7 +214,7 @@ def run_decode_bench(args: argparse.Namespace) -> int:
     positions = "\n".join(
         f"| {r.drafter} | {r.num_draft_tokens + 1} | " + " ".join(f"{p:.2f}" for p in r.acceptance_by_position) + " |"
         for r in rows
-        if r.drafter_params and r.batch_size == args.batch_sizes[0]
+        if r.drafter_params and r.batch_size == args.batch_sizes[0] and r.acceptance_by_position
     )
     print(header)
     print(table)

@@ -174,6 +174,11 @@ def layer_attention_problem(
             f"sliding_window={sliding_window} but no layer is sliding_attention; drop sliding_window, or list the "
             "sliding layers in layer_types"
         )
+    if sliding and sliding_window > MAX_SLIDING_WINDOW:
+        return (
+            f"sliding_window={sliding_window} is past {MAX_SLIDING_WINDOW}, the widest window positions can measure "
+            "(it overflowed generate and the ONNX export); for layers that see every position use full_attention"
+        )
     if sliding and sliding_window < block_size:
         return (
             f"sliding_window={sliding_window} is smaller than block_size={block_size}; a window must hold the whole "
