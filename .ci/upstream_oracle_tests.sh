@@ -38,6 +38,8 @@ venv specforge --no-deps "specforge==0.2.0"
 stamp "venvs ready: $(for p in dflash speculators specforge; do "$ROOT/$p/bin/python" -c "from importlib.metadata import version as v; print('$p', v('$p'), 'transformers', v('transformers'), end='; ')"; done)"
 
 export PORTABLE_SPEC_UPSTREAM_VENVS="$ROOT"
+# the portable-spec side runs in the project's venv: .ci/run has it active; run by hand, take .venv if it exists
+if [[ -z "${VIRTUAL_ENV:-}" && -f .venv/bin/activate ]]; then . .venv/bin/activate; fi
 python -m pytest -q -p no:cacheprovider -m upstream tests/test_upstream_oracle.py tests/conformance/test_backends.py
 stamp "oracle tests passed"
 portable-spec conformance --backends reference onnx --checks 'upstream/*' --output - --check-report docs/conformance.md | tail -3

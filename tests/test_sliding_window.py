@@ -145,12 +145,21 @@ def test_block_attention_per_layer(target, block_attention, earlier_slots_unchan
     assert torch.equal(a[..., :4, :], b[..., :4, :]) == earlier_slots_unchanged
 
 
-@pytest.mark.parametrize("block_attention", ["bidirectional", "causal_in_sliding_layers"])
-def test_training_blocks_equal_decoding_blocks(target, block_attention):
+@pytest.mark.parametrize(
+    "block_attention,window_rule",
+    [("bidirectional", "per_slot"), ("causal_in_sliding_layers", "per_slot"), ("causal", "per_anchor")],
+)
+def test_training_blocks_equal_decoding_blocks(target, block_attention, window_rule):
     """Training's packed blocks (per-slot dense masks, many anchors per row) give each anchor's block the logits
-    decoding gives it alone: the window is cut the same way in both."""
+    decoding gives it alone: the window is cut the same way in both, per slot or per anchor."""
     drafter = tiny_drafter(
-        target, "parallel", block_size=4, layer_types=MIXED, sliding_window=WINDOW, block_attention=block_attention
+        target,
+        "parallel",
+        block_size=4,
+        layer_types=MIXED,
+        sliding_window=WINDOW,
+        block_attention=block_attention,
+        window_rule=window_rule,
     )
     torch.manual_seed(0)
     length = 30
@@ -168,6 +177,24 @@ def test_training_blocks_equal_decoding_blocks(target, block_attention):
                 block, anchor + torch.arange(4)[None, None], context, positions < anchor, positions
             )
             torch.testing.assert_close(drafter.scored_logits(alone)[0, 0, 1:], packed[0, index], atol=1e-5, rtol=1e-5)
+
+
+def test_a_per_anchor_window_gives_every_slot_the_anchors_context(target):
+    """window_rule=per_anchor: each slot sees context positions >= anchor - W (speculators' trainer); per_slot: slot
+    j sees positions > anchor + j - W. Slot 0 differs too (per_slot sees W - 1 context positions, per_anchor W)."""
+    from portable_spec.core.drafter import _layer_mask
+
+    positions = torch.arange(20)[None]
+    queries = 12 + torch.arange(4)[None]  # one block, anchor at 12
+    valid = positions < 12
+    masks = {}
+    for rule in ("per_slot", "per_anchor"):
+        config = tiny_drafter(target, "parallel", block_size=4, layer_types=SLIDING, sliding_window=WINDOW,
+                              window_rule=rule).config  # fmt: skip
+        masks[rule] = _layer_mask(config.layer_attention(0), valid, queries, positions, 4, 1).dense[0, 0, :, :20]
+    seen = {rule: [mask[slot].nonzero()[:, 0].tolist() for slot in range(4)] for rule, mask in masks.items()}
+    assert seen["per_anchor"] == [list(range(12 - WINDOW, 12))] * 4
+    assert seen["per_slot"] == [list(range(12 + slot - WINDOW + 1, 12)) for slot in range(4)]
 
 
 @pytest.mark.parametrize("kind,layer_types", [("parallel", MIXED), ("depth_causal", SLIDING)])

@@ -1,7 +1,8 @@
-"""Checkpoints written the way z-lab/dflash, SpecForge and vLLM's speculators write a DFlash drafter, for the
-import checks. Independent of portable-spec's own writers: each config comes from transformers' `Qwen3Config`
-(what those projects' draft models are built on) plus the keys each project's source adds, so a mistake in the
-importer or the exporter cannot be mirrored here.
+"""Checkpoints laid out the way z-lab/dflash, SpecForge and vLLM's speculators write a DFlash drafter, for the
+`import/*` and `layers/*` checks, which hand trained fixture drafters to engines in those layouts. This is still
+portable-spec writing files (from transformers' `Qwen3Config` plus the keys each project's source adds), so it can
+share a misreading with the importer; what those projects' own code computes is checked by the `upstream/*` rows
+(upstream_oracle/), whose oracle is the packages themselves.
 
 - zlab: z-lab/dflash as its current code reads and its fixtures are written (dflash/model.py `_draft_value`,
   tests/fixtures/dflash2-config.json): Qwen3 keys, `is_causal` at the top, `block_size`, `target_layer_ids` and

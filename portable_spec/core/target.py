@@ -173,6 +173,7 @@ def drafter_config_for(
     block_attention: str | None = None,
     rope_scaling: dict | None = None,
     hidden_size: int | None = None,
+    window_rule: str | None = None,
 ) -> DrafterConfig:
     """A drafter config shaped like the target's layers (same width, heads, rope), bound to the target; sliding
     layers and the parallel kind's block attention as given (spec.py says what each means). A `hidden_size` other
@@ -184,6 +185,7 @@ def drafter_config_for(
         for key, value in (
             ("layer_types", layer_types),
             ("sliding_window", sliding_window),
+            ("window_rule", window_rule),
             ("rope_scaling", rope_scaling),
             ("own_embeddings", width != t.hidden_size),
         )

@@ -32,8 +32,8 @@ def tiny_target(seed: int = 0, **overrides) -> TargetModel:
 def tiny_drafter(
     target: TargetModel, kind: str, block_size: int = 8, seed: int = 1, num_hidden_layers: int = 2, **options
 ) -> Drafter:
-    """`options`: drafter_config_for's layer_types, sliding_window, block_attention, rope_scaling, hidden_size,
-    draft_vocab_size."""
+    """`options`: drafter_config_for's layer_types, sliding_window, window_rule, block_attention, rope_scaling,
+    hidden_size, draft_vocab_size."""
     config = drafter_config_for(
         target,
         kind=kind,

@@ -577,7 +577,9 @@ WINDOWED = {
 @pytest.fixture(scope="module")
 def windowed_dirs(tmp_path_factory) -> dict[str, Path]:
     """speculators_default: the parallel fixture written as speculators' trainer writes by default (every layer
-    sliding, sliding_window_non_causal false: a causal block); speculators_imported: its `portable-spec import`;
+    sliding, sliding_window_non_causal false: a causal block); speculators_imported: its `portable-spec import
+    --window-rule per_slot`, the function vLLM serves; speculators_trainer: its default import (per-anchor windows,
+    what speculators' trainer computes), which vLLM refuses;
     depth_causal_sliding: the depth_causal fixture with both layers sliding (portable-spec's plugin)."""
     from portable_spec.adapters.upstream.importer import import_drafter
     from portable_spec.conformance.upstream_layouts import write_portable_as_upstream
@@ -590,7 +592,11 @@ def windowed_dirs(tmp_path_factory) -> dict[str, Path]:
     depth_causal = ASSETS / "drafters" / "depth_causal"
     return {
         "speculators_default": upstream,
-        "speculators_imported": import_drafter(upstream, ASSETS / "target", root / "imported").out,
+        # what vLLM computes from the speculators file: per-slot windows (the trainer's import is per-anchor)
+        "speculators_imported": import_drafter(
+            upstream, ASSETS / "target", root / "imported", window_rule="per_slot"
+        ).out,
+        "speculators_trainer": import_drafter(upstream, ASSETS / "target", root / "trainer").out,
         "depth_causal_sliding": with_attention(
             depth_causal,
             root / "dc",
@@ -623,7 +629,7 @@ def first_proposal_runs(prompts, dirs: dict[str, Path], k: int = 15) -> dict[str
 
 @pytest.fixture(scope="module")
 def windowed_runs(vllm_module, prompts, windowed_dirs):
-    return first_proposal_runs(prompts, windowed_dirs)
+    return first_proposal_runs(prompts, {name: windowed_dirs[name] for name in WINDOWED})
 
 
 @pytest.mark.engine
@@ -649,6 +655,21 @@ def test_windowed_drafter_in_vllm_equals_the_reference(name, windowed_runs, wind
     assert diff <= LOGIT_TOLERANCE
     assert run["tokens"] == out.tokens == reference["none"][0]
     assert abs(run["tau"] - out.stats.acceptance_length) <= TAU_TOLERANCE * out.stats.acceptance_length
+
+
+@pytest.mark.engine
+@requires_assets
+def test_speculators_windows_as_trained_differ_from_vllm_and_are_refused(windowed_runs, windowed_dirs, prompts):
+    """speculators' trainer windows per anchor; vLLM serves the same file per slot (the run above equals the per-slot
+    import). The trainer's function drafts otherwise on the 48-token prompt, and handed to vLLM it is refused by
+    name rather than served as another function."""
+    target, run = TargetModel.load(ASSETS / "target"), windowed_runs["speculators_default"]
+    anchor = run["first"]["anchor"][0]
+    trained = reference_draft_logits(target, windowed_dirs["speculators_trainer"], prompts[0], anchor, 15)
+    assert (run["first"]["logits"][:15] - trained).abs().max().item() > 1e-2
+    with pytest.raises(Exception, match="window_rule=per_anchor"):
+        with vllm_engine(ASSETS / "target", windowed_dirs["speculators_trainer"], 15) as llm:
+            generate(llm, prompts[:1], max_tokens=2)
 
 
 @pytest.mark.engine
