@@ -9,7 +9,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-if "PORTABLE_SPEC_CACHE_DIR" not in os.environ:
+if "PORTABLE_SPEC_LAYOUT_CACHE" not in os.environ:
     import tempfile
 
-    os.environ["PORTABLE_SPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="portable-spec-test-cache-")
+    os.environ["PORTABLE_SPEC_LAYOUT_CACHE"] = os.path.join(
+        tempfile.mkdtemp(prefix="portable-spec-test-cache-"), "matmul_layouts.json"
+    )

@@ -362,6 +362,17 @@ CASES = [
     ),
     Case("train --lr 0", TRAIN + ("--lr", "0"), expect=r"lr=0\.0"),
     Case(
+        "train --max-new-tokens 2600 on a 2048-position target",
+        TRAIN + ("--max-new-tokens", "2600"),
+        expect=r"--max-new-tokens 2600 with --max-prompt-tokens 256 reach past the target's "
+        r"max_position_embeddings=2048; use --max-new-tokens 1792 or less",
+    ),
+    Case(
+        "train --max-new-tokens 10000000",
+        TRAIN + ("--max-new-tokens", "10000000"),
+        expect=r"--max-new-tokens 10000000 .* reach past the target's max_position_embeddings",
+    ),
+    Case(
         "train --target-layer-ids 9  (past the target; refused before any data stage)",
         TRAIN + ("--target-layer-ids", "9"),
         expect=r"target_layer_ids=\[9\] must lie in \[0, 2\]",
@@ -401,6 +412,16 @@ CASES = [
         "bench decode --drafter a=D1 --drafter a=D2  (one row name twice)",
         ("bench", "decode", "--target", "fixture", "--drafter", "a={dc}", "--drafter", "a={par}"),
         expect=r"the row name 'a' is already --drafter 'a=.*'; give each row its own NAME",
+    ),
+    Case(
+        "bench decode --drafter a=D --out D  (the output is a drafter it benchmarks)",
+        ("bench", "decode", "--target", "fixture", "--drafter", "a={dc}", "--out", "{dc}"),
+        expect=r"output .*dc is the input .*dc",
+    ),
+    Case(
+        "bench decode --drafter a=D --out D/results  (the output inside a drafter it benchmarks)",
+        ("bench", "decode", "--target", "fixture", "--drafter", "a={dc}", "--out", "{dc}/results"),
+        expect=r"output .*dc/results is inside the input .*dc",
     ),
     Case(
         "bench decode --block-sizes 100",

@@ -138,7 +138,7 @@ def _check_args(args: argparse.Namespace) -> None:
         if batch < 1:
             raise SpecError(f"--batch-sizes {batch}: must be at least 1")
     if args.out is not None:
-        claim_output_dir(args.out, "bench", BENCH_FILES, force=args.force)
+        claim_output_dir(args.out, "bench", BENCH_FILES, force=args.force, inputs=bench_inputs(args))
     check_device(args.device)
     seen: dict[str, str] = {}
     for spec in args.drafter or []:
@@ -151,6 +151,20 @@ def _check_args(args: argparse.Namespace) -> None:
                 "own NAME"
             )
         seen[name] = spec
+
+
+def bench_inputs(args: argparse.Namespace) -> tuple[Path, ...]:
+    """What a benchmark reads: the target's directory and every drafter checkpoint (no --out may touch them)."""
+    from portable_spec.core import fixtures, real_assets
+    from portable_spec.core.real_target import converted_dir
+    from portable_spec.core.spec import VARIANT_KINDS
+
+    if args.target == "fixture":
+        target, shipped = fixtures.target_dir(), fixtures.drafter_dir
+    else:
+        target, shipped = converted_dir(args.target), real_assets.drafter_dir
+    drafters = _drafter_dirs(args) or {kind: shipped(kind) for kind in VARIANT_KINDS}
+    return (target, *drafters.values())
 
 
 def _check_block_sizes(args: argparse.Namespace) -> None:

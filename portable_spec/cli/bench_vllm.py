@@ -172,7 +172,9 @@ VLLM_FILES = ("vllm.md", "vllm.json", "vllm.png")
 
 def _check_args(args: argparse.Namespace) -> None:
     if args.out is not None:
-        claim_output_dir(args.out, "bench", VLLM_FILES, force=args.force)
+        from portable_spec.cli.bench_decode import bench_inputs
+
+        claim_output_dir(args.out, "bench", VLLM_FILES, force=args.force, inputs=bench_inputs(args))
     if args.target != "smollm2":
         raise SpecError(f"--target {args.target}: bench vllm runs the SmolLM2 drafters; use --target smollm2")
     for name in ("prompts", "max_new_tokens", "depth_causal_k", "ngram_k"):

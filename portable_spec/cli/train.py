@@ -249,6 +249,21 @@ def run(args: argparse.Namespace) -> int:
         distributed.finish()
 
 
+def check_reply_length(target_dir: Path, recipe: RecipeConfig) -> None:
+    """A prompt of --max-prompt-tokens plus a reply of --max-new-tokens must fit the target's positions (generate
+    refuses the same overrun): past them the target's rotary tables end, and a reply stage sized by a huge
+    --max-new-tokens would run for hours before anything is written."""
+    from portable_spec.core.target_checks import check_target_dir
+
+    limit = check_target_dir(Path(target_dir)).get("max_position_embeddings")
+    if limit is not None and recipe.max_prompt_tokens + recipe.max_new_tokens > limit:
+        raise SpecError(
+            f"--max-new-tokens {recipe.max_new_tokens} with --max-prompt-tokens {recipe.max_prompt_tokens} reach "
+            f"past the target's max_position_embeddings={limit}; use --max-new-tokens "
+            f"{max(limit - recipe.max_prompt_tokens, 1)} or less"
+        )
+
+
 def _check_outputs(args: argparse.Namespace, data: Path | None) -> None:
     """What the run writes is free to write (rank 0 checks for every rank: the others would see its locks)."""
     check_paths(args, data)
@@ -307,6 +322,7 @@ def _train(
         resolve_target(args.target)  # a known target is converted once, by rank 0
     distributed.barrier(ranks)
     target_dir = resolve_target(args.target)
+    check_reply_length(target_dir, recipe)  # before the weights load
     if recipe.target_prompts and not prompts_prepared(args.work_dir):  # its tokenizer alone, before the model loads
         from transformers import AutoTokenizer
 

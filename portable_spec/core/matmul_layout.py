@@ -37,7 +37,7 @@ LAYOUTS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 # batch 1 and of block 4 at batch 4, and a drafter block of 16 at batch 1.
 MAX_ROWS = 16
 KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma", "neon", "asimd", "sve")
-CACHE_VARIABLE = "PORTABLE_SPEC_CACHE_DIR"
+CACHE_VARIABLE = "PORTABLE_SPEC_LAYOUT_CACHE"  # a file path: where the choices are kept instead (tests use it)
 WARMUP, REPEATS = 2, 5
 COLD_BYTES = 64 * 2**20  # more than the last-level caches of the CPUs measured here
 # Another layout replaces torch's own only when it is this much faster: within it the two are equal as far as timing
@@ -74,8 +74,11 @@ def machine_key(device: torch.device) -> str:
 
 
 def default_cache_path() -> Path:
-    root = os.environ.get(CACHE_VARIABLE) or Path.home() / ".cache" / "portable-spec"
-    return Path(root) / "matmul_layouts.json"
+    """matmul_layouts.json in portable-spec's cache folder (real_target.cache_root: $PORTABLE_SPEC_CACHE, else the XDG
+    cache), unless $PORTABLE_SPEC_LAYOUT_CACHE names another file."""
+    from portable_spec.core.real_target import cache_root
+
+    return Path(os.environ.get(CACHE_VARIABLE) or cache_root() / "matmul_layouts.json")
 
 
 def time_layouts(

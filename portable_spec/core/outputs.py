@@ -129,11 +129,12 @@ def check_output_dir(
         raise SpecError(f"output {out_dir}: {probe} is not writable; pass a directory you can write to")
 
 
-def claim_output_dir(out_dir: Path, kind: str, files: tuple[str, ...], force: bool = False) -> Path:
+def claim_output_dir(out_dir: Path, kind: str, files: tuple[str, ...], force: bool = False, inputs: tuple = ()) -> Path:
     """A folder a command writes `files` into, leaving everything else there alone (a benchmark's table, JSON and
-    plot): refused when one of those files exists and portable-spec did not write it there (a marker of `kind`
-    says it did), unless forced; then created and marked."""
+    plot): refused when it is, is inside or holds one of the command's `inputs` (never lifted), and when one of
+    those files exists and portable-spec did not write it there (a marker of `kind` says it did), unless forced."""
     out_dir = Path(out_dir)
+    check_not_an_input(out_dir, inputs)
     check_directory_path(out_dir, f"output {out_dir}")
     ours = (read_marker(out_dir) or {}).get("kind") == kind if out_dir.is_dir() else True
     clashes = [name for name in files if (out_dir / name).exists()]

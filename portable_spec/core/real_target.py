@@ -144,11 +144,16 @@ def convert_gguf(gguf: Path, model_id: str, out_dir: Path) -> Path:
     return out_dir
 
 
+def converted_dir(name: str) -> Path:
+    """Where a known target's HF directory is converted to and kept (whether or not it exists yet)."""
+    return cache_root() / "targets" / known_target(name).name
+
+
 def fetch_target(name: str, out_dir: Path | None = None) -> Path:
     """The HF directory of a known target, converted on first use and verified (sha256) on every reuse."""
     known = known_target(name)
     gguf = gguf_path(known)
-    out_dir = Path(out_dir) if out_dir is not None else cache_root() / "targets" / known.name
+    out_dir = Path(out_dir) if out_dir is not None else converted_dir(name)
     if out_dir.exists() and _manifest_ok(out_dir, sha256_file(gguf)):
         return out_dir
     check_output_dir(out_dir, "target")  # before minutes of conversion: never over what we did not write
