@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -245,3 +246,29 @@ def _environ(pid: int) -> str:
         return "\0" + Path(f"/proc/{pid}/environ").read_text() + "\0"
     except OSError:
         return ""
+
+
+def test_rank_variables_without_torchrun_or_peers_end_in_one_line(tmp_path):
+    """WORLD_SIZE=2 set by hand, no torchrun, no second rank: the run says so once the join time is up, instead of
+    waiting in the rendezvous for the 2 h collective timeout."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = _env() | {
+        "WORLD_SIZE": "2",
+        "RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "PORTABLE_SPEC_JOIN_SECONDS": "3",
+    }
+    env.pop("TORCHELASTIC_RUN_ID", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "portable_spec.cli", "train", *ARGS, "--kind", "parallel",
+         "--data", str(_conversations(tmp_path / "c.json")), "--work-dir", str(tmp_path / "w"),
+         "--out", str(tmp_path / "o")],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    errors = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error:")]
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
+    assert len(errors) == 1 and "WORLD_SIZE=2, RANK=0: the other ranks did not join" in errors[0]
+    assert "within 3 s" in errors[0] and not (tmp_path / "o").exists()

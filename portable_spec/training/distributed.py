@@ -28,6 +28,9 @@ T = TypeVar("T")
 # a rank waits this long at a collective for the others (reply generation on one rank may run long before the
 # next barrier); a rank that dies ends the others at once under torchrun, which stops the run
 COLLECTIVE_TIMEOUT = timedelta(hours=2)
+# a process given RANK/WORLD_SIZE by hand (no torchrun) waits this long for its peers to join, then says so, instead
+# of sitting in the store's rendezvous for the 2 h above; PORTABLE_SPEC_JOIN_SECONDS sets another
+JOIN_SECONDS = 300
 _met = False  # this process joined a process group (error lines then name the rank)
 
 
@@ -119,12 +122,39 @@ def start(ranks: Ranks, device: torch.device) -> None:
     options = {"device_id": device} if device.type == "cuda" else {}
     if device.type == "cuda":
         torch.cuda.set_device(device)  # FSDP2 puts its shards on the current device
-    dist.init_process_group(backend, rank=ranks.rank, world_size=ranks.world, timeout=COLLECTIVE_TIMEOUT, **options)
+    store = None if "TORCHELASTIC_RUN_ID" in os.environ else _joined_store(ranks)  # torchrun rendezvouses itself
+    dist.init_process_group(
+        backend, store=store, rank=ranks.rank, world_size=ranks.world, timeout=COLLECTIVE_TIMEOUT, **options
+    )
 
     def stopped(signum, frame):
         raise RankStopped(f"stopped by torchrun (signal {signum}) because another rank failed")
 
     signal.signal(signal.SIGTERM, stopped)
+
+
+def _joined_store(ranks: Ranks):
+    """The rendezvous store of a process that RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT were set for by hand: every rank
+    joined within JOIN_SECONDS, or one line saying who is missing and how to start them."""
+    host, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), os.environ.get("MASTER_PORT")
+    seconds = float(os.environ.get("PORTABLE_SPEC_JOIN_SECONDS", JOIN_SECONDS))
+    if port is None or not port.isdigit():
+        raise SpecError(
+            f"WORLD_SIZE={ranks.world} without torchrun needs MASTER_PORT (got {port!r}); start the ranks with "
+            "`torchrun --nproc-per-node N -m portable_spec.cli train ...`, or unset WORLD_SIZE for one process"
+        )
+    print(f"rank {ranks.rank}: waiting up to {seconds:g} s for {ranks.world} ranks at {host}:{port}", flush=True)
+    try:
+        return dist.TCPStore(
+            host, int(port), ranks.world, is_master=ranks.rank == 0, timeout=timedelta(seconds=seconds),
+            wait_for_workers=True,
+        )  # fmt: skip
+    except (RuntimeError, dist.DistStoreError) as error:
+        raise SpecError(
+            f"WORLD_SIZE={ranks.world}, RANK={ranks.rank}: the other ranks did not join at {host}:{port} within "
+            f"{seconds:g} s ({str(error).splitlines()[0][:120]}); start every rank (torchrun --nproc-per-node "
+            f"{ranks.world} does), or unset WORLD_SIZE to train in one process"
+        ) from None
 
 
 def finish() -> None:
