@@ -38,6 +38,33 @@ def test_truncated_sharegpt_file_yields_its_complete_conversations(tmp_path):
     assert [p.conversation_id for p in first_human_turns(path)] == ["c0"]  # gpt-first and blank turns dropped
 
 
+@pytest.mark.parametrize("cut_after", ['"q3', '"q3"', '"q3"}, ', '"value": ', '{"id": "c3"', '"a"}]}, '])
+def test_every_cut_at_the_end_is_a_truncated_tail(tmp_path, cut_after):
+    """Wherever the file's end cuts the last element (inside a string, after a value or a key, between elements),
+    the complete ones are read."""
+    text = json.dumps([_conversation(0), _conversation(1), _conversation(3)])
+    path = tmp_path / "cut.json"
+    path.write_text(text[: text.rindex(cut_after) + len(cut_after)])
+    assert [c["id"] for c in iter_conversations(path)] == ["c0", "c1"]
+
+
+def test_a_syntax_error_before_the_end_is_refused_not_taken_for_a_cut(tmp_path):
+    """A broken element in the middle of a file that does not close its array (issue 47: 6 of 40 prompts, exit 0)."""
+    text = json.dumps([_conversation(i) for i in range(40)])
+    broken = text.replace('"c6", "conversations"', '"c6" "conversations"')[:-1]  # missing ':' ... no closing ']'
+    path = tmp_path / "broken.json"
+    path.write_text(broken)
+    with pytest.raises(SpecError, match=r"broken\.json: not valid JSON at line 1, column \d+"):
+        list(iter_conversations(path))
+
+
+def test_two_concatenated_arrays_are_refused_not_half_read(tmp_path):
+    path = tmp_path / "both.json"
+    path.write_text(json.dumps([_conversation(0)]) + "\n" + json.dumps([_conversation(1)]))
+    with pytest.raises(SpecError, match=r"more data after the conversations array closes \(line 2.*two JSON arrays"):
+        list(iter_conversations(path))
+
+
 def test_no_usable_conversation_is_one_clear_error(tmp_path):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps([_conversation(0, "gpt")]))

