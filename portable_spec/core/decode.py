@@ -297,11 +297,12 @@ class SpeculativeDecoder:
         num_drafts = config.num_draft_tokens
         if policy is not None:
             num_drafts = policy.choose([state.acceptance[row] for row in state.active.nonzero()[:, 0].tolist()])
-        if self.proposer is not None and num_drafts > 0:
+        drafting = self.proposer is not None and num_drafts > 0
+        if drafting:
             self._catch_up(state)  # untimed: its cost belongs to the plain rounds it catches up on
         measured = self._measured_count()
         start = self._tick() if policy is not None else 0.0
-        if self.proposer is not None and num_drafts > 0:
+        if drafting:
             drafts, round_drafts = self._propose(
                 self.proposer,
                 state.context,
@@ -346,13 +347,14 @@ class SpeculativeDecoder:
         elif self.proposer is not None:
             self._catch_up(state)
             state.context = self.proposer.extend(state.context, features, chain_pos)
+        policy = self.policy(state.config, len(state.anchor))
         for row in state.active.nonzero()[:, 0].tolist():
             accepted = int(result.accepted_len[row])
-            if state.acceptance is not None:
-                verified = int(round_drafts[row]) if round_drafts is not None else n
-                self.policy(state.config, len(state.anchor)).observe(state.acceptance[row], verified, accepted)
+            verified = int(round_drafts[row]) if round_drafts is not None else n
+            if policy is not None:
+                policy.observe(state.acceptance[row], verified, accepted)
             state.stats.accepted_by_request[row].append(accepted)
-            state.stats.drafts_verified += int(round_drafts[row]) if round_drafts is not None else n
+            state.stats.drafts_verified += verified
             state.outputs[row].extend(result.output_tokens[row, : accepted + 1].tolist())
             state.active[row] = not self._finish(state.outputs[row], state.config)
         state.anchor, state.anchor_pos = result.next_token, state.anchor_pos + result.accepted_len + 1

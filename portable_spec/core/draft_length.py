@@ -4,14 +4,15 @@ expected tokens per second, 0 (plain decoding) when no draft length pays.
 Expected tokens of a round with k drafts, per request: 1 + sum_{i<=k} prod_{j<=i} a_j, with a_j the request's
 conditional acceptance of slot j (a running estimate: counts of this request's rounds on top of a prior worth
 PRIOR_ROUNDS rounds; the prior is what the policy measured over every request before it, DEFAULT_PRIOR at first, as
-no checkpoint carries per-slot figures yet). Its cost: the target pass over k + 1 tokens per request plus, for k > 0, the drafter's passes
-(`passes(k)`: 1 for a single-pass drafter, k for an autoregressive one), each measured on this machine at this batch
-size while decoding (an exponential average of every round's timing). A length not yet timed is estimated by a
-straight line through the nearest timed ones; until the ends and one draft are timed the policy times them itself
-(a round at k_max, a plain round, a round with one draft). While plain decoding wins it still drafts one token every PROBE_EVERY rounds, so acceptance that
-rises later is seen; while drafting wins, a plain round every REFRESH_EVERY rounds times the one-token pass again.
-A round during which a matmul layout was being measured is not timed. The rule only chooses how many drafts the target verifies, so output is unchanged whatever it
-chooses (verification decides every token).
+no checkpoint carries per-slot figures yet). Its cost: the target pass over k + 1 tokens per request plus, for k > 0,
+the drafter's passes (`passes(k)`: 1 for a single-pass drafter, k for an autoregressive one), each measured on this
+machine at this batch size while decoding (an exponential average of every round's timing). A length not yet timed is
+estimated by a straight line through the nearest timed ones; until the ends and one draft are timed the policy times
+them itself (a round at k_max, a plain round, a round with one draft). While plain decoding wins it still drafts one
+token every PROBE_EVERY rounds, so acceptance that rises later is seen; while drafting wins, a plain round every
+REFRESH_EVERY rounds times the one-token pass again. A round during which a matmul layout was being measured is not
+timed. The rule only chooses how many drafts the target verifies, so output is unchanged whatever it chooses
+(verification decides every token).
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ for a drafter pass), where BLAS kernels differ most between CPUs: on the AMD AVX
 bandwidth; on an Intel AVX-512 machine the same `W @ x^T` layout made speculation slower than plain decoding
 (issue 43: 0.72x, against 1.13x with `F.linear`). So no layout is assumed: the first time a (weight shape, rows,
 dtype) is seen on a machine, both layouts are timed (a short warm-up, then the fastest of a few runs), the faster is
-kept (torch's own unless the other wins by MARGIN), and the choice is cached on disk keyed by the machine (CPU model and the flags that pick kernels, torch
-version, thread count), so later runs measure nothing. Same weights and math; only the summation order differs
+kept (torch's own unless the other wins by MARGIN), and the choice is cached on disk keyed by the machine (CPU model
+and the flags that pick kernels, torch version, thread count), so later runs measure nothing. Same weights and math; only the summation order differs
 (~1e-6 relative). With gradients on (training) torch's own layer always runs.
 """
 

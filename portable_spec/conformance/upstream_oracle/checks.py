@@ -27,19 +27,29 @@ from portable_spec.conformance.checks import (
     _same_acceptance,
 )
 from portable_spec.conformance.upstream_oracle.cases import CASES, CONTEXT, PACKAGES, UpstreamCase
-from portable_spec.conformance.upstream_oracle.oracle import OracleAnswer, block_ids, oracle_inputs, run_package
+from portable_spec.conformance.upstream_oracle.oracle import (
+    OracleAnswer,
+    OracleInputs,
+    block_ids,
+    oracle_inputs,
+    run_package,
+)
 from portable_spec.core.decode import GenerationConfig
 
 
+def _inputs(ctx: CheckContext) -> OracleInputs:
+    return ctx.workspace.memo("upstream-oracle-inputs", oracle_inputs)
+
+
 def _answer(ctx: CheckContext, case: UpstreamCase) -> OracleAnswer:
-    inputs = ctx.workspace.memo("upstream-oracle-inputs", oracle_inputs)
+    inputs = _inputs(ctx)
     root = ctx.workspace.root / "upstream-oracle"
     answers = ctx.workspace.memo(("upstream-oracle", case.package), lambda: run_package(case.package, inputs, root))
     return answers[case.name]
 
 
 def _imported(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer):
-    inputs = ctx.workspace.memo("upstream-oracle-inputs", oracle_inputs)
+    inputs = _inputs(ctx)
     options = sorted(case.import_options.items())
     label = "-".join([case.package, case.name, *(f"{key}={value}" for key, value in options)])
     out = ctx.workspace.root / "upstream-oracle" / "imported" / label
@@ -89,7 +99,7 @@ def _block_logits(backend, case: UpstreamCase, drafter, inputs) -> torch.Tensor:
 def _block_check(ctx: CheckContext, case: UpstreamCase) -> None:
     answer = _answer(ctx, case)
     drafter = _imported(ctx, case, answer)
-    inputs = ctx.workspace.memo("upstream-oracle-inputs", oracle_inputs)
+    inputs = _inputs(ctx)
     expected = answer.logits[0, 1:].float()
     try:
         logits = _block_logits(ctx.backend, case, drafter, inputs)

@@ -48,6 +48,7 @@ class OracleInputs:
     features: torch.Tensor  # [1, CONTEXT, len(LAYER_IDS) * H]
     prompt: list[int]  # the held-out prompt (the decode case decodes it whole)
     anchor: int
+    vocab_size: int  # the target's
 
 
 def oracle_inputs() -> OracleInputs:
@@ -60,7 +61,7 @@ def oracle_inputs() -> OracleInputs:
         _, features = target.forward(
             ids, positions, torch.ones_like(ids, dtype=torch.bool), target.new_cache(), LAYER_IDS
         )
-    return OracleInputs(target_dir, features.float(), prompt, prompt[CONTEXT])
+    return OracleInputs(target_dir, features.float(), prompt, prompt[CONTEXT], target.config.vocab_size)
 
 
 def block_ids(case: UpstreamCase, inputs: OracleInputs) -> torch.Tensor:  # [1, k]
@@ -85,7 +86,6 @@ def run_package(package: str, inputs: OracleInputs, root: Path) -> dict[str, Ora
     """Every case of `package` through its own code in its venv: case name -> OracleAnswer."""
     python = venv_python(package)
     _, drafter_dir, _ = trained_fixture("parallel")
-    vocab = TargetModel.load(inputs.target).config.vocab_size
     cases = []
     for index, case in enumerate(cases_of(package)):
         out = root / package / case.name
@@ -94,7 +94,7 @@ def run_package(package: str, inputs: OracleInputs, root: Path) -> dict[str, Ora
         if case.decode:
             tensors["prompt_ids"] = torch.tensor([inputs.prompt])
         if case.draft_vocab:
-            tensors["draft_ids"] = draft_vocabulary(case.draft_vocab, vocab)
+            tensors["draft_ids"] = draft_vocabulary(case.draft_vocab, inputs.vocab_size)
         save_file({name: t.contiguous() for name, t in tensors.items()}, str(out / "inputs.safetensors"))
         described = {**case.drafter(seed=1000 + index), "out": str(out), "inputs": str(out / "inputs.safetensors")}
         # the trained fixture drafter's weights in every case, so acceptance means something on backends that
