@@ -33,15 +33,35 @@ def data_figures(work_dir: Path) -> dict:
     }
 
 
-def run_figures(work_dir: Path, kind: str, seconds: float | None) -> tuple[dict, str | None]:
-    """The run's steps, seconds and last-50-step loss, and the drafter it was warm-started from (None: scratch)."""
-    losses = [json.loads(line) for line in (work_dir / f"{kind}-loss.jsonl").read_text().splitlines()]
+def loss_tail_mean(loss_file: Path) -> float:
+    """Mean loss of the last 50 steps of a `<kind>-loss.jsonl`, each step once (a resumed run logs the steps since
+    its last save again: the later line wins)."""
+    losses = [json.loads(line) for line in loss_file.read_text().splitlines() if line.strip()]
     last = {e["step"]: e["loss"] for e in losses}
     tail = [last[s] for s in sorted(last)[-50:]]
+    return round(sum(tail) / len(tail), 4)
+
+
+def record_warm_start(record: dict, run: dict) -> bool:
+    """The one rule both shipping paths (this script, scripts/gpu/session.py) follow: a warm-started run's figures
+    go to its drafter's `warm_starts`; when it beat the shipped drafter held out (`replaced_shipped`), the shipped
+    drafter's steps grow by the run's steps up to its best drafter and its held-out tau becomes the run's. Returns
+    whether the run's drafter is to be shipped (False for a run already recorded)."""
+    if run in record.setdefault("warm_starts", []):
+        return False
+    record["warm_starts"].append(run)
+    if run["replaced_shipped"]:
+        record["steps"] += run["heldout_tau_best_step"]
+        record["heldout_tau"] = run["heldout_tau"]
+    return bool(run["replaced_shipped"])
+
+
+def run_figures(work_dir: Path, kind: str, seconds: float | None) -> tuple[dict, str | None]:
+    """The run's steps, seconds and last-50-step loss, and the drafter it was warm-started from (None: scratch)."""
     state = json.loads((work_dir / f"state-{kind}" / "trainer_state.json").read_text())
     figures = {
         "steps": state["step"],
-        "final_loss_mean_last_50": round(sum(tail) / len(tail), 4),
+        "final_loss_mean_last_50": loss_tail_mean(work_dir / f"{kind}-loss.jsonl"),
         "train_seconds": seconds if seconds is not None else round(state.get("elapsed_seconds", 0.0), 1) or None,
     }
     return figures, state["train_config"].get("init_from")
@@ -82,16 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         held_out = summarize_heldout_log(args.work_dir / f"{kind}-heldout.jsonl")
         if not held_out:
             raise SystemExit(f"error: {kind} has no held-out log in {args.work_dir}: nothing says it beats the shipped")
-        record = manifest["drafters"][kind]
         run = {**data, **figures, **held_out, "replaced_shipped": improved_on_start(held_out)}
-        if run in record.setdefault("warm_starts", []):
+        if run in manifest["drafters"][kind].get("warm_starts", []):
             print(f"{kind}: this run is already in the manifest; nothing changed")
-            continue
-        record["warm_starts"].append(run)
-        if run["replaced_shipped"]:
+        elif record_warm_start(manifest["drafters"][kind], run):
             ship(source, args.assets, kind)  # the best drafter by held-out tau, written at its step
-            record["steps"] += held_out["heldout_tau_best_step"]
-            record["heldout_tau"] = held_out["heldout_tau"]
     manifest_file.write_text(json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(manifest, indent=1))
     return 0

@@ -178,7 +178,7 @@ TRAIN = (
     "--work-dir",
     "{out}-work",
     "--data",
-    "{file}",
+    "{sharegpt}",  # a readable data set: the data is checked first, before the target loads
 )
 
 CASES = [
@@ -360,7 +360,7 @@ CASES = [
         TRAIN + ("--seq-len", "16", "--block-size", "16"),
         expect=r"seq_len=16 leaves 0 anchor positions for block_size=16",
     ),
-    Case("train --lr 0", TRAIN + ("--lr", "0"), expect=r"lr=0\.0"),
+    Case("train --lr 0", TRAIN + ("--lr", "0"), expect=r"--lr 0\.0"),
     Case(
         "train --max-new-tokens 2600 on a 2048-position target",
         TRAIN + ("--max-new-tokens", "2600"),
@@ -396,12 +396,12 @@ CASES = [
     Case(
         "train --target-prompts -1",
         TRAIN + ("--target-prompts", "-1"),
-        expect=r"target_prompts=-1: Input should be greater than or equal to 0",
+        expect=r"--target-prompts -1: Input should be greater than or equal to 0",
     ),
     Case(
         "train --num-prompts 0",
         TRAIN + ("--num-prompts", "0"),
-        expect=r"num_prompts=0: Input should be greater than or equal to 1",
+        expect=r"--num-prompts 0: Input should be greater than or equal to 1",
     ),
     Case(
         "generate NON_UTF8_PROMPT",
@@ -491,13 +491,28 @@ CASES = [
     Case(
         "train --reply-batch-size 0",
         TRAIN + ("--reply-batch-size", "0"),
-        expect=r"reply_batch_size=0: Input should be greater than or equal to 1",
+        expect=r"--reply-batch-size 0: Input should be greater than or equal to 1",
     ),
-    Case("train --time-budget 0", TRAIN + ("--time-budget", "0"), expect=r"time_budget=0\.0"),
+    Case("train --time-budget 0", TRAIN + ("--time-budget", "0"), expect=r"--time-budget 0\.0"),
+    # flags are named as typed, not as the config fields behind them (issue 47: `per_prompt`, `every`, `seed`)
+    Case("train --replies-per-prompt 0", TRAIN + ("--replies-per-prompt", "0"), expect=r"--replies-per-prompt 0: "),
+    Case("train --eval-every 0", TRAIN + ("--eval-every", "0"), expect=r"--eval-every 0\.0: Input should be greater"),
+    Case("train --reply-seed -1", TRAIN + ("--reply-seed", "-1"), expect=r"--reply-seed -1: "),
     Case(
         "train --eval-blocks 32 (block 16)",
         TRAIN + ("--eval-blocks", "4", "32"),
         expect=r"--eval-blocks 32: measure blocks in 2\.\.16",
+    ),
+    # --init-from's weights and binding are checked before replies and features are made (issue 47)
+    Case(
+        "train --init-from DRAFTER_WITH_NAN_WEIGHTS",
+        TRAIN + ("--init-from", "{nan_drafter}", "--kind", "depth_causal"),
+        expect=r"non-finite values .*fc\.weight",
+    ),
+    Case(
+        "train --init-from A_DRAFTER_OF_ANOTHER_TARGET",
+        TRAIN + ("--init-from", "{foreign_drafter}", "--kind", "depth_causal"),
+        expect=r"fingerprint",
     ),
     Case(
         "train --init-from A_DEPTH_CAUSAL_DRAFTER --kind parallel",
@@ -617,6 +632,19 @@ CASES = [
             ("up_float_d2t", "a fractional d2t", r"d2t holds non-integer offsets"),
             ("up_inf_rope", "rope_theta Infinity", r"rope_theta=inf"),
             ("up_typed", "rope_parameters a string", r"rope_parameters = \"yarn\" must be an object"),
+            # YaRN taken silently or ending in `unexpected ...` before (issue 47's weak classes)
+            ("up_yarn_string", "a YaRN factor as a string", r"rope_parameters\.factor = \"4\" must be a number"),
+            ("up_yarn_shrink", "a YaRN factor below 1", r"rope_parameters\.factor = 0\.5 must be >= 1"),
+            (
+                "up_yarn_zero",
+                "a YaRN original length of 0",
+                r"rope_parameters\.original_max_position_embeddings = 0 must be a whole number >= 1",
+            ),
+            (
+                "up_yarn_disagree",
+                "rope_scaling and rope_parameters that disagree",
+                r"rope_scaling\.factor = 8\.0 disagrees with rope_parameters\.factor=4\.0: keep one",
+            ),
             ("up_not_neox", "is_neox_style false", r"is_neox_style = false has no portable equivalent"),
             (
                 "up_chunked",
@@ -624,6 +652,11 @@ CASES = [
                 r"layer_types = .*chunked_attention.* has chunked_attention layers: no portable equivalent",
             ),
         )
+    ),
+    Case(  # the target's shape is read from its config.json, before any weight loads (issue 47)
+        "import a drafter of another target's width onto a target without weights",
+        ("import", "{up_other_width}", "{out}", "--target", "{no_weights_target}"),
+        expect=r"target_hidden_size = 512, the target .* is 256",
     ),
     Case(
         "import over a drafter that train wrote",
@@ -670,6 +703,13 @@ def built(tmp_path_factory) -> dict[str, Path]:
         "missing": root / "missing",
     }
     (root / "file.txt").write_text("not a model\n")
+    words = "def class return import value list dict print for while".split()
+    conversations = [
+        {"id": f"c{i}", "conversations": [{"from": "human", "value": " ".join(words[i % 10 :] + words[: i % 10])}]}
+        for i in range(40)
+    ]
+    (root / "sharegpt.json").write_text(json.dumps(conversations))
+    paths["sharegpt"] = root / "sharegpt.json"
     paths["file"] = root / "file.txt"
     (root / "user").mkdir()
     (root / "user" / "notes.txt").write_text("the user's own files\n")
@@ -838,6 +878,12 @@ def _upstream_inputs(root: Path, parallel: Path) -> dict[str, Path]:
         "up_float_d2t": weights_change(lambda w: {**w, "d2t": torch.full((64,), 0.5)}),
         "up_inf_rope": config_change(rope_theta=float("inf")),
         "up_typed": config_change(rope_parameters="yarn"),
+        "up_yarn_string": config_change(rope_parameters={**YARN, "factor": "4"}),
+        "up_yarn_shrink": config_change(rope_parameters={**YARN, "factor": 0.5}),
+        "up_yarn_zero": config_change(rope_parameters={**YARN, "original_max_position_embeddings": 0, "factor": 4.0}),
+        "up_yarn_disagree": config_change(
+            rope_parameters={**YARN, "factor": 4.0}, rope_scaling={**YARN, "factor": 8.0}
+        ),
         "up_not_neox": config_change(is_neox_style=False),
         "up_chunked": config_change(layer_types=["chunked_attention", "full_attention"]),
     }
@@ -851,6 +897,9 @@ def _upstream_inputs(root: Path, parallel: Path) -> dict[str, Path]:
             damage(write_upstream(layout, root / name, shape, weights))
             paths[name] = root / name
     return paths
+
+
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "original_max_position_embeddings": 32}
 
 
 def _read(path: Path) -> dict[str, torch.Tensor]:

@@ -71,3 +71,20 @@ def test_a_pair_is_checked_once_on_the_generate_path(tmp_path, monkeypatch):
     decoder = SpeculativeDecoder(target, target.load_drafter(tmp_path / "d"))
     decoder.generate([[1, 2, 3]], GenerationConfig(max_new_tokens=6, num_draft_tokens=3))
     assert len(calls) == 1
+
+
+def test_float16_load_fingerprints_the_stored_weights():
+    """Issue 47 item 5: fp16 flushes the stored bf16 embedding's smallest values and rounds twice, so a
+    fingerprint of the loaded copy named another target: `train --dtype float16` wrote drafters its own target
+    refused, and `bench decode --dtype float16` refused the shipped ones."""
+    from portable_spec.core import fixtures
+    from portable_spec.core.binding import target_fingerprint
+    from portable_spec.core.target import TargetModel
+
+    stored = TargetModel.load(fixtures.target_dir()).fingerprint
+    half = TargetModel.load(fixtures.target_dir(), dtype=torch.float16)
+    model = half.model
+    assert target_fingerprint(model.get_input_embeddings().weight, model.get_output_embeddings().weight) != stored
+    assert half.fingerprint == stored
+    assert half.binding()["fingerprint"] == stored  # what a float16 training run writes into its drafter
+    assert half.load_drafter(fixtures.drafter_dir("parallel")).config.target.fingerprint == stored

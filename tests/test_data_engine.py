@@ -154,3 +154,39 @@ def test_static_cache_gives_the_same_greedy_replies(tiny_target_dir, tmp_path, c
 
     assert torch.equal(make("dynamic", "dynamic"), make("static", "static"))
     assert "reply tokens/s" in capsys.readouterr().out
+
+
+CONVERSATION = [{"id": "a", "conversations": [{"from": "human", "value": "héllo"}]}]
+UNREADABLE = {  # issue 47's weak classes: each read silently or ended in an `unexpected ...` line before
+    "latin1": (json.dumps(CONVERSATION, ensure_ascii=False).encode("latin-1"), r"not UTF-8 \(byte 0xe9 at line 1"),
+    "utf16": (json.dumps(CONVERSATION).encode("utf-16"), r"UTF-16-encoded \(byte-order mark\); convert it"),
+    "jsonl": (b'{"id": "a"}\n{"id": "b"}\n', r"JSON Lines \(one object per line, more data at line 2\)"),
+    "surrogate": (
+        b'[{"id": "s", "conversations": [{"from": "human", "value": "\\ud800 x"}]}]',
+        r"conversation 's' holds a lone UTF-16 surrogate",
+    ),
+    "deep": (b"[" * 100_000 + b"]" * 100_000, r"JSON nested deeper than Python's reader goes"),
+    "chitchat": (json.dumps({"x": {"messages": [["a string"]]}}).encode(), r"conversation 'x': a message holds"),
+    "system_first": (
+        json.dumps(
+            [{"id": "a", "conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "hi"}]}]
+        ).encode(),  # fmt: skip
+        r"first turns: system 1\); --prompt-turns all also takes user turns after a system or assistant turn",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNREADABLE))
+def test_unreadable_conversation_files_are_named(tmp_path, name):
+    data, expect = UNREADABLE[name]
+    path = tmp_path / f"{name}.json"
+    path.write_bytes(data)
+    with pytest.raises(SpecError, match=expect):
+        human_turns(path)
+
+
+def test_a_utf8_character_cut_by_the_files_end_is_a_truncated_tail(tmp_path):
+    complete = json.dumps(CONVERSATION, ensure_ascii=False)[:-1] + ", "
+    path = tmp_path / "cut.json"
+    path.write_bytes(complete.encode() + '{"id": "b", "conversations": [{"from": "human", "value": "é'.encode()[:-1])
+    assert [p.conversation_id for p in human_turns(path)] == ["a"]

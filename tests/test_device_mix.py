@@ -154,7 +154,9 @@ def test_time_budget_ends_the_run_on_time_and_writes_the_checkpoint(tmp_path):
         progress=False,
         log=lambda step, loss, seconds: logged.append((step, seconds)),
     )
-    assert 5 < len(logged) < 10**6 and (tmp_path / "out" / "model.safetensors").exists()
+    # at least one step, far fewer than asked (how many fit in the budget depends on the machine's speed and load:
+    # issue 46 saw 3 on a loaded machine, so the count is not asserted)
+    assert 1 <= len(logged) < 10**6 and (tmp_path / "out" / "model.safetensors").exists()
     # it stops at the first step boundary past the budget, however slow a step is on a loaded machine
     assert all(seconds < budget for _, seconds in logged[:-1])
     import json

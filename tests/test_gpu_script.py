@@ -90,7 +90,8 @@ def test_gpu_session_dry_run_executes_every_stage(tmp_path):
     assert "float32" in table and "bfloat16" in (scratch / "collected/results/decode-bf16/benchmarks.md").read_text()
     manifest = json.loads((scratch / "repo/portable_spec/assets/smollm2/MANIFEST.json").read_text())
     for kind in ("depth_causal", "parallel"):  # installed only where the held-out tau beat the shipped drafter's
-        run = manifest["gpu_runs"][kind][-1]
+        run = manifest["drafters"][kind]["warm_starts"][-1]  # recorded as the ship script records a warm start
+        assert run["trained_on"] == "GPU"
         assert run["replaced_shipped"] == (run["heldout_tau"] > run["heldout_tau_at_start"])
 
 
@@ -157,3 +158,102 @@ def test_a_gpu_drafter_replaces_the_shipped_one_only_when_it_beats_it_held_out()
     assert beats({"warm_started_from_shipped": True, "heldout_tau": 1.6, "heldout_tau_at_start": 1.45})
     assert not beats({"warm_started_from_shipped": True, "heldout_tau": 1.45, "heldout_tau_at_start": 1.45})
     assert not beats({"warm_started_from_shipped": False, "heldout_tau": 3.0, "heldout_tau_at_start": 1.0})
+
+
+def _results_archive(files_at: Path, drafters: dict, extra: dict[str, str] | None = None) -> None:
+    import tarfile
+
+    results = files_at.parent / "results-src" / "results"
+    results.mkdir(parents=True)
+    (results / "drafters.json").write_text(json.dumps(drafters))
+    for name, text in (extra or {}).items():
+        (results / name).write_text(text)
+    files_at.mkdir(exist_ok=True)
+    with tarfile.open(files_at / "results.tar.gz", "w:gz") as tar:
+        tar.add(results, arcname="results")
+
+
+def _entry(files_at: Path, kind: str, data: bytes) -> dict:
+    import hashlib
+
+    (files_at / f"{kind}.safetensors.part0").write_bytes(data)
+    return {"parts": [f"{kind}.safetensors.part0"], "weights_sha256": hashlib.sha256(data).hexdigest()}
+
+
+def test_collect_never_pairs_weights_with_another_runs_config(tmp_path):
+    """Issue 47 item 8: an archive without <kind>.config.json took the config an earlier collect left."""
+    session = _session_module()
+    files_at, dest = tmp_path / "files", tmp_path / "dest"
+    files_at.mkdir()
+    _results_archive(files_at, {"depth_causal": _entry(files_at, "depth_causal", b"weights")})
+    stale = dest / "results/depth_causal.config.json"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
+    with pytest.raises(SystemExit, match=r"holds no results/depth_causal.config.json"):
+        session.collect(files_at, ROOT, dest, install=False)
+    assert stale.read_text() == "{}" and not (dest / "drafters").exists()
+
+
+@pytest.mark.parametrize("kind, part", [("../../x", "p0"), ("depth_causal", "../../victim")])
+def test_collect_takes_no_path_from_the_archive(tmp_path, kind, part):
+    """Issue 47 item 10: names read from the archive could write outside --dest."""
+    session = _session_module()
+    files_at = tmp_path / "files"
+    files_at.mkdir()
+    _results_archive(files_at, {kind: {"parts": [part], "weights_sha256": "0" * 64}})
+    with pytest.raises(SystemExit, match="not a plain file name"):
+        session.collect(files_at, ROOT, tmp_path / "dest", install=False)
+    assert not (tmp_path / "x").exists() and not (tmp_path / "dest").exists()
+
+
+def test_corrupt_archive_is_one_line(tmp_path):
+    session = _session_module()
+    files_at = tmp_path / "files"
+    files_at.mkdir()
+    (files_at / "results.tar.gz").write_bytes(b"\x1f\x8b not really gzip")
+    with pytest.raises(SystemExit, match="not a readable results archive"):
+        session.collect(files_at, ROOT, tmp_path / "dest", install=False)
+
+
+def test_device_run_takes_no_payload_path_outside_its_stash(tmp_path, monkeypatch):
+    """Issue 47 item 10: `"payload": "../victim"` in plan.json truncated a file outside the stash."""
+    session = _session_module()
+    monkeypatch.setenv(session.STASH_ENV, str(tmp_path / "stash"))
+    victim = tmp_path / "victim"
+    victim.write_text("the user's file")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "plan.json").write_text(json.dumps({"payload": "../victim", "payload_sha256": "0" * 64}))
+    with pytest.raises(SystemExit, match="not a plain file name"):
+        session.DeviceRun(run, tmp_path / "out", session.PROFILES["tiny"])
+    assert victim.read_text() == "the user's file"
+
+
+def test_install_ships_every_drafter_and_the_manifest_together_or_nothing(tmp_path):
+    """Issue 47 item 9: install replaced one shipped drafter, failed on the next, and never wrote MANIFEST.json."""
+    session = _session_module()
+    repo, dest = tmp_path / "repo", tmp_path / "dest"
+    assets = repo / "portable_spec/assets/smollm2"
+    shutil.copytree(ROOT / "portable_spec/assets/smollm2", assets)
+    before = {p: p.read_bytes() for p in assets.rglob("*") if p.is_file()}
+    manifest = {}
+    for kind in ("depth_causal", "parallel"):
+        shutil.copytree(ROOT / "portable_spec/assets/smollm2/drafters" / kind, dest / "drafters" / kind)
+        manifest[kind] = dict(steps=1, train_seconds=1.0, heldout_tau=2.0, heldout_tau_at_start=1.0,
+                              heldout_tau_best_step=1, warm_started_from_shipped=True)  # fmt: skip
+    (dest / "results").mkdir()
+    (dest / "results/depth_causal-loss.jsonl").write_text('{"step": 1, "loss": 2.0}\n')  # parallel's is missing
+    with pytest.raises(SystemExit, match="parallel: its loss curve"):
+        session.ship(repo, dest, manifest)
+    assert {p: p.read_bytes() for p in assets.rglob("*") if p.is_file()} == before
+
+
+def test_dry_run_writes_only_into_a_new_or_empty_scratch(tmp_path):
+    """Issue 47 item 11: --scratch DIR with a git repository at DIR/repo had its files overwritten and a commit."""
+    session = _session_module()
+    mine = tmp_path / "scratch" / "repo"
+    mine.mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(SystemExit, match="not a new or empty folder"):
+        session.dry_run(tmp_path / "scratch", None)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]

@@ -178,3 +178,41 @@ def test_warm_start_continues_from_the_drafter_and_refuses_another_shape(tmp_pat
     other = config.model_copy(update={"intermediate_size": config.intermediate_size * 2})
     with pytest.raises(SpecError, match="--init-from .*intermediate_size"):
         warm_start(target, other, tmp_path / "first")
+
+
+def _log(path, *entries):
+    path.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+    return path
+
+
+def test_resume_with_other_eval_settings_is_refused_before_loading(tmp_path):
+    """Issue 47 item 6: resumed with other --eval-blocks or --heldout-eval-prompts, the run compared tau at
+    another block (or on other prompts) with the saved best drafter's, and the summary then raised KeyError."""
+    from portable_spec.training.heldout import check_resumed_evaluation
+
+    state = tmp_path / "state-dc"
+    state.mkdir()
+    log = _log(tmp_path / "dc-heldout.jsonl", {"step": 0, "tau": {"4": 1.2, "16": 1.3}, "eval_prompts": 8})
+    check_resumed_evaluation(log, state, (4, 16), 8)  # the same settings resume
+    with pytest.raises(SpecError, match=r"--eval-blocks 4 16 \(asked 8\)"):
+        check_resumed_evaluation(log, state, (8,), 8)
+    with pytest.raises(SpecError, match=r"--heldout-eval-prompts 8 \(asked 16\)"):
+        check_resumed_evaluation(log, state, (4, 16), 16)
+    check_resumed_evaluation(log, tmp_path / "state-fresh", (8,), 16)  # a fresh run: nothing to be held to
+    (tmp_path / "bad.jsonl").write_text('{"step": 0}\n')
+    with pytest.raises(SpecError, match="not a held-out log"):
+        check_resumed_evaluation(tmp_path / "bad.jsonl", state, (4,), 8)
+
+
+def test_summary_reads_the_last_run_of_a_reused_work_dir(tmp_path):
+    from portable_spec.training.heldout import summarize_heldout_log
+
+    log = _log(
+        tmp_path / "dc-heldout.jsonl",
+        {"step": 0, "tau": {"4": 1.1}, "sequences": 4},
+        {"step": 50, "tau": {"4": 1.5}, "sequences": 4},
+        {"step": 0, "tau": {"8": 1.2}, "sequences": 4},  # a fresh run with other blocks, same work dir
+        {"step": 40, "tau": {"8": 1.3}, "sequences": 4},
+    )
+    summary = summarize_heldout_log(log)
+    assert summary["heldout_block"] == 8 and summary["heldout_tau"] == 1.3 and summary["heldout_tau_at_start"] == 1.2

@@ -177,3 +177,12 @@ def test_damaged_work_dir_files_are_named(tmp_path):
     (tmp_path / "distill.json").write_text("{half")
     with pytest.raises(SpecError, match=r"distill\.json: not valid JSON"):
         generate_replies(tmp_path, [[1, 2]], tmp_path, generator="hf")
+
+
+def test_an_empty_heldout_split_is_said_not_silent(tmp_path, capsys):
+    """Issue 47: a data set too small for its 5% held-out split trained with no evaluation, and said nothing."""
+    from portable_spec.training.recipe import HELDOUT_PROMPTS, RecipeConfig, _heldout_replies
+
+    (tmp_path / HELDOUT_PROMPTS).write_text("[]")
+    assert _heldout_replies(None, None, tmp_path, RecipeConfig(kind="parallel")) is None
+    assert "holds no held-out prompt" in capsys.readouterr().out

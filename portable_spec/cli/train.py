@@ -11,6 +11,7 @@ import argparse
 import typing
 from pathlib import Path
 
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from portable_spec.cli.devices import DTYPES, check_device
@@ -26,6 +27,7 @@ from portable_spec.core.real_target import KNOWN_TARGETS
 from portable_spec.core.spec import VARIANT_KINDS, SpecError
 from portable_spec.training import distributed
 from portable_spec.training.distill_data import ReplyConfig, pick_generator
+from portable_spec.training.heldout import check_resumed_evaluation
 from portable_spec.training.recipe import STAGES, EvalConfig, RecipeConfig, prompts_prepared, run_recipe
 from portable_spec.training.sharding import check_layouts, shard_target
 from portable_spec.training.train import TrainConfig, check_shapes
@@ -193,8 +195,19 @@ def _argument_type(field: FieldInfo) -> dict:
 def run(args: argparse.Namespace) -> int:
     from portable_spec.training.sharegpt import sharegpt_path
 
-    train = TrainConfig(**{name: getattr(args, name) for name in TrainConfig.model_fields})
-    recipe = RecipeConfig(
+    train = _as_flags(TrainConfig, {}, **{name: getattr(args, name) for name in TrainConfig.model_fields})
+    replies = _as_flags(
+        ReplyConfig,
+        REPLY_FLAGS,
+        per_prompt=args.replies_per_prompt,
+        temperature=args.reply_temperature,
+        top_p=args.reply_top_p,
+        seed=args.reply_seed,
+        cache=args.reply_cache,
+    )
+    recipe = _as_flags(
+        RecipeConfig,
+        RECIPE_FLAGS,
         kind=args.kind,
         block_size=args.block_size,
         num_hidden_layers=args.num_layers,
@@ -208,13 +221,7 @@ def run(args: argparse.Namespace) -> int:
         prompt_offset=args.prompt_offset,
         target_prompts=args.target_prompts,
         max_prompt_tokens=args.max_prompt_tokens,
-        replies=ReplyConfig(
-            per_prompt=args.replies_per_prompt,
-            temperature=args.reply_temperature,
-            top_p=args.reply_top_p,
-            seed=args.reply_seed,
-            cache=args.reply_cache,
-        ),
+        replies=replies,
         max_new_tokens=args.max_new_tokens,
         generator=args.generator,
         reply_batch_size=args.reply_batch_size,
@@ -222,7 +229,9 @@ def run(args: argparse.Namespace) -> int:
         features=args.features,
         heldout_eval_prompts=args.heldout_eval_prompts,
     )
-    evaluation = EvalConfig(
+    evaluation = _as_flags(
+        EvalConfig,
+        EVAL_FLAGS,
         every=args.eval_every if recipe.heldout_eval_prompts else None,
         blocks=tuple(args.eval_blocks),
         plateau=args.plateau_evals,
@@ -247,6 +256,29 @@ def run(args: argparse.Namespace) -> int:
         return _train(args, train, recipe, evaluation, device, data, ranks)
     finally:
         distributed.finish()
+
+
+# config field -> the flag that sets it, where the two names differ (issue 47: errors named `per_prompt`, `every`)
+REPLY_FLAGS = {"per_prompt": "--replies-per-prompt", "temperature": "--reply-temperature", "top_p": "--reply-top-p",
+               "seed": "--reply-seed", "cache": "--reply-cache"}  # fmt: skip
+RECIPE_FLAGS = {"num_hidden_layers": "--num-layers"}
+EVAL_FLAGS = {"every": "--eval-every", "blocks": "--eval-blocks", "plateau": "--plateau-evals"}
+
+
+def _as_flags(model, flags: dict[str, str], **values):
+    """`model(**values)`, with a validation error reported under the flags the user typed."""
+    try:
+        return model(**values)
+    except ValidationError as error:
+        parts = []
+        for item in error.errors():
+            field = str(item["loc"][0]) if item["loc"] else ""
+            flag = flags.get(field, "--" + field.replace("_", "-"))
+            value = item.get("input")
+            shown = "" if isinstance(value, (dict, BaseModel)) else f" {value!r}"
+            message = item["msg"].removeprefix("Value error, ")
+            parts.append(f"{flag}{shown}: {message}" if field else message)  # a whole-config rule names its flags
+        raise SpecError("; ".join(parts)) from None
 
 
 def check_reply_length(target_dir: Path, recipe: RecipeConfig) -> None:
@@ -278,11 +310,19 @@ def _check_outputs(args: argparse.Namespace, data: Path | None) -> None:
 def check_init_from(init_from: Path, args: argparse.Namespace) -> None:
     """--init-from names a drafter checkpoint of the asked kind and block (read before any model loads; the rest of
     its shape is compared once the target is loaded, training.train.warm_start)."""
-    from portable_spec.core.spec import read_config
+    from portable_spec.core.checkpoint import load_drafter_files
 
-    saved = read_config(init_from)
-    for field, asked in (("kind", args.kind), ("block_size", args.block_size), ("num_hidden_layers", args.num_layers)):
-        if getattr(saved, field) != asked:
+    saved, _ = load_drafter_files(init_from)  # its weights' dtypes and values (NaN, inf) too, before any model loads
+    asked_fields = {
+        "kind": args.kind,
+        "block_size": args.block_size,
+        "num_hidden_layers": args.num_layers,
+        "intermediate_size": args.intermediate_size,
+        "target_layer_ids": args.target_layer_ids,
+        "mask_token_id": args.mask_token_id,
+    }
+    for field, asked in asked_fields.items():
+        if asked is not None and getattr(saved, field) != asked:
             raise SpecError(
                 f"--init-from {init_from}: its {field} is {getattr(saved, field)!r}, this run asks for {asked!r}; "
                 "train the saved shape or drop --init-from"
@@ -323,6 +363,18 @@ def _train(
     distributed.barrier(ranks)
     target_dir = resolve_target(args.target)
     check_reply_length(target_dir, recipe)  # before the weights load
+    if evaluation.every is not None:
+        name = Path(args.out).name
+        check_resumed_evaluation(
+            Path(args.work_dir) / f"{name}-heldout.jsonl",
+            Path(args.work_dir) / f"state-{name}",
+            evaluation.blocks,
+            recipe.heldout_eval_prompts,
+        )
+    if data is not None and not prompts_prepared(args.work_dir) and ranks.main:
+        from portable_spec.training.sharegpt import human_turns
+
+        human_turns(Path(data), recipe.prompt_turns, recipe.prompt_context)  # its content errors, before the weights
     if recipe.target_prompts and not prompts_prepared(args.work_dir):  # its tokenizer alone, before the model loads
         from transformers import AutoTokenizer
 
@@ -330,6 +382,10 @@ def _train(
 
         user_turn_template(AutoTokenizer.from_pretrained(str(target_dir)))
     target = TargetModel.load(target_dir, dtype=DTYPES[args.dtype], tokenizer=True)
+    if train.init_from is not None:  # bound to this target? before minutes of replies and features
+        from portable_spec.core.spec import read_config
+
+        target.check_drafter(read_config(Path(train.init_from)))
     shard_target(target, ranks, args.target_parallel)  # before the move: each rank's device takes its shards only
     target.model.to(device)
     tokenizer = target.tokenizer

@@ -51,6 +51,8 @@ class Backend(ABC):
 
     name: ClassVar[str]
     kinds_supported: ClassVar[tuple[str, ...]] = VARIANT_KINDS  # drafter kinds this backend can run
+    # pytest marker of its column in tests/conformance (an engine built by its own CI stage, deselected by default)
+    pytest_marker: ClassVar[str | None] = None
 
     def unavailable_reason(self) -> str | None:
         """None when this backend can run here; otherwise why not (reported as skipped, never as passed)."""
@@ -204,9 +206,13 @@ def backend_names() -> list[str]:
     return list(BACKENDS)
 
 
-def get_backend(name: str) -> Backend:
+def backend_class(name: str) -> type[Backend]:
     try:
         module_name, class_name = BACKENDS[name].split(":")
     except KeyError:
         raise SpecError(f"backend {name!r} is unknown; valid options: {', '.join(BACKENDS)}") from None
-    return getattr(importlib.import_module(module_name), class_name)()
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def get_backend(name: str) -> Backend:
+    return backend_class(name)()

@@ -19,6 +19,22 @@ from portable_spec.core.spec import DrafterConfig, SpecError, parse_config
 from portable_spec.core.target_checks import check_target_dir, load_causal_lm, load_tokenizer
 
 
+def stored_weight(path: Path, model: PreTrainedModel, weight: torch.Tensor) -> torch.Tensor:
+    """`weight` of `model` as its directory's safetensors hold it (tied weights: whichever name was saved)."""
+    from safetensors import safe_open
+
+    names = [name for name, param in model.named_parameters(remove_duplicate=False) if param is weight]
+    for file in sorted(path.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as handle:
+            for name in names:
+                if name in handle.keys():
+                    return handle.get_tensor(name)
+    raise SpecError(
+        f"target={path}: no safetensors file holds {names} as stored; the float16 fingerprint is taken from "
+        "the stored weights: load the target in float32 or bfloat16"
+    )
+
+
 class TargetModel:
     """A causal LM plus what the drafter needs from it: features at chosen layers, embedding, LM head."""
 
@@ -54,7 +70,13 @@ class TargetModel:
 
     @cached_property
     def fingerprint(self) -> str:
-        return target_fingerprint(self.model.get_input_embeddings().weight, self.model.get_output_embeddings().weight)
+        """Of the embedding and head as stored: loaded in float16, they are read back from the directory's
+        safetensors, since fp16 flushes bf16/fp32 values below its range and rounds twice, so the loaded copy
+        would fingerprint as another target (issue 47: a float16 run refused its own drafters)."""
+        embedding, head = self.model.get_input_embeddings().weight, self.model.get_output_embeddings().weight
+        if self.model.dtype == torch.float16:
+            embedding, head = (stored_weight(Path(self.model_id), self.model, w) for w in (embedding, head))
+        return target_fingerprint(embedding, head)
 
     def binding(self, model_id: str | None = None) -> dict:
         """The `target` fields of a drafter config bound to this model (spec.TargetBinding)."""

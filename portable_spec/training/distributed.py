@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +34,9 @@ COLLECTIVE_TIMEOUT = timedelta(hours=2)
 # a process given RANK/WORLD_SIZE by hand (no torchrun) waits this long for its peers to join, then says so, instead
 # of sitting in the store's rendezvous for the 2 h above; PORTABLE_SPEC_JOIN_SECONDS sets another
 JOIN_SECONDS = 300
+# after torchrun's SIGTERM, the seconds a rank blocked inside a collective (where Python cannot run its signal
+# handler) is given before it says so and exits; torchrun itself waits 30 s, then kills it without a word
+STOP_GRACE_SECONDS = 3.0
 _met = False  # this process joined a process group (error lines then name the rank)
 
 
@@ -131,6 +137,31 @@ def start(ranks: Ranks, device: torch.device) -> None:
         raise RankStopped(f"stopped by torchrun (signal {signum}) because another rank failed")
 
     signal.signal(signal.SIGTERM, stopped)
+    watch_stop_signal(ranks.rank)
+
+
+def watch_stop_signal(rank: int, grace: float = STOP_GRACE_SECONDS) -> None:
+    """Make SIGTERM end this rank with one line even while it waits inside a collective for a peer that died: the
+    Python handler (RankStopped) runs only between bytecodes, never inside gloo's or NCCL's C++ wait. The signal
+    also reaches a watcher thread through the wakeup fd; if the rank has not ended `grace` seconds later, the
+    thread prints the line and exits the process (nothing is being written: the rank is blocked in a collective)."""
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+
+    def watch() -> None:
+        while signal.SIGTERM not in os.read(read_fd, 64):
+            pass
+        time.sleep(grace)
+        print(
+            f"error: rank {rank}: stopped by torchrun because another rank failed (it was waiting for that rank "
+            "in a collective); its own line says what failed",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
+
+    threading.Thread(target=watch, name="portable-spec-stop", daemon=True).start()
 
 
 def _joined_store(ranks: Ranks):

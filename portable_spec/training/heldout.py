@@ -29,6 +29,7 @@ from portable_spec.core.checkpoint import write_drafter_files
 from portable_spec.core.decode import acceptance_by_position
 from portable_spec.core.drafter import Drafter, load_drafter
 from portable_spec.core.outputs import check_output_dir, results_json, write_dir_atomically
+from portable_spec.core.spec import SpecError
 from portable_spec.training.feature_cache import FeatureDataset
 from portable_spec.training.train import block_predictions
 
@@ -136,6 +137,7 @@ class HeldoutTracker:
     log_file: Path
     best_dir: Path
     plateau: int | None = None
+    eval_prompts: int | None = None  # --heldout-eval-prompts, logged so that a resumed run can be held to it
     last_seconds: float = field(default=-float("inf"))
     last_step: int | None = None
     since_best: int = 0
@@ -173,7 +175,7 @@ class HeldoutTracker:
             self.since_best = 0
         else:
             self.since_best += 1
-        entry = {"step": step, "seconds": round(seconds, 1), **report, "best": best}
+        entry = {"step": step, "seconds": round(seconds, 1), **report, "best": best, "eval_prompts": self.eval_prompts}
         entry["eval_seconds"] = round(time.perf_counter() - began, 2)
         with open(self.log_file, "a") as handle:
             handle.write(results_json(entry) + "\n")
@@ -197,9 +199,12 @@ def summarize_heldout_log(log: Path) -> dict:
     if not log.is_file():
         return {}
     entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    starts = [i for i, entry in enumerate(entries) if entry["step"] == 0]  # a fresh run evaluates before step 1
+    entries = entries[starts[-1] :] if starts else entries  # this run's, not an earlier one's in the same work dir
     if not entries:
         return {}
     block = next(iter(entries[0]["tau"]))
+    entries = [entry for entry in entries if block in entry["tau"]]
     best = max(entries, key=lambda e: e["tau"][block])
     return {
         "heldout_block": int(block),
@@ -208,6 +213,33 @@ def summarize_heldout_log(log: Path) -> dict:
         "heldout_tau_at_start": entries[0]["tau"][block],
         "heldout_sequences": entries[0]["sequences"],
     }
+
+
+def check_resumed_evaluation(log: Path, state_dir: Path, blocks: tuple[int, ...], eval_prompts: int) -> None:
+    """A resumed run (its training state exists) must measure held-out tau as the run it resumes did: the best
+    drafter is picked by tau at the first block, and tau at another block, or on other prompts, is another number.
+    Checked before any model loads, from the run's held-out log."""
+    if not (state_dir.is_dir() and log.is_file()):
+        return
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    if not lines:
+        return
+    try:
+        last = json.loads(lines[-1])
+        saved_blocks = tuple(int(block) for block in last["tau"])
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise SpecError(f"{log}: not a held-out log portable-spec wrote ({type(error).__name__}: {error})") from None
+    flags = []
+    if saved_blocks != tuple(blocks):
+        flags.append(f"--eval-blocks {' '.join(map(str, saved_blocks))} (asked {' '.join(map(str, blocks))})")
+    saved_prompts = last.get("eval_prompts")
+    if saved_prompts is not None and saved_prompts != eval_prompts:
+        flags.append(f"--heldout-eval-prompts {saved_prompts} (asked {eval_prompts})")
+    if flags:
+        raise SpecError(
+            f"--work-dir: the run in {state_dir} measured held-out tau with {' and '.join(flags)}, and resuming picks "
+            "its best drafter by comparing with those figures; pass the saved settings, or another --work-dir"
+        )
 
 
 def improved_on_start(summary: dict) -> bool:

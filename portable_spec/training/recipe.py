@@ -401,6 +401,7 @@ def run_recipe(
             work_dir / f"{out_dir.name}-heldout.jsonl",
             work_dir / f"best-{out_dir.name}",
             evaluation.plateau,
+            recipe.heldout_eval_prompts,
         )
     what = f"--work-dir {work_dir} (training {out_dir.name})"
     with locked(training_lock(work_dir, out_dir.name), what) if ranks.main else nullcontext():
@@ -431,7 +432,12 @@ def _heldout_replies(
     if not recipe.heldout_eval_prompts or not heldout_file.is_file():
         return None
     prompts = [p["ids"] for p in read_prompts(heldout_file)][: recipe.heldout_eval_prompts]
-    if not prompts:
+    if not prompts:  # said, not silent: the run then keeps its last drafter, not the best held out (issue 47)
+        print(
+            f"note: {heldout_file} holds no held-out prompt (the data set's conversations all fell in the training "
+            "split): no held-out acceptance is measured and the last drafter is written; use a larger --data, "
+            "or pass --heldout-eval-prompts 0 to say so"
+        )
         return None
     return _replies(target, target_dir, prompts, work_dir / "heldout", recipe, **options)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import Counter
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -63,10 +64,11 @@ def sharegpt_path() -> Path:
 def iter_conversations(path: Path) -> Iterator[dict]:
     """Complete elements of a top-level JSON array, tolerating a truncated tail; a chitchat-dataset object
     ({id: {"messages": [[{"text", "sender"}, ...], ...]}}) is read as ShareGPT conversations."""
-    text = Path(path).read_text(encoding="utf-8", errors="replace")
+    text = read_utf8(Path(path))
     start = len(text) - len(text.lstrip())
     if text[start : start + 1] == "{":
-        yield from _chitchat_conversations(path, text)
+        for conversation in _chitchat_conversations(path, text):
+            yield _encodable(path, conversation)
         return
     decoder = json.JSONDecoder()
     index = text.find("[")
@@ -87,6 +89,8 @@ def iter_conversations(path: Path) -> Iterator[dict]:
             return  # cut off between elements
         try:
             element, index = decoder.raw_decode(text, index)
+        except RecursionError:
+            raise SpecError(f"{path}: JSON nested deeper than Python's reader goes, near character {index}") from None
         except json.JSONDecodeError as error:
             if error.pos >= end or error.msg.startswith("Unterminated string"):
                 return  # the tail the file's end cuts off
@@ -95,7 +99,44 @@ def iter_conversations(path: Path) -> Iterator[dict]:
                 "file (only a file cut off at its end is read up to the cut)"
             ) from None
         if isinstance(element, dict):
-            yield element
+            yield _encodable(path, element)
+
+
+UTF_BOMS = {b"\xff\xfe\x00\x00": "UTF-32", b"\x00\x00\xfe\xff": "UTF-32", b"\xff\xfe": "UTF-16",
+            b"\xfe\xff": "UTF-16"}  # fmt: skip
+
+
+def read_utf8(path: Path) -> str:
+    """The file as UTF-8, refused by name otherwise (never read with replacement characters, which would train on
+    them): a UTF-16/32 byte-order mark, or the first byte that is not UTF-8 and where it is. A multi-byte character
+    cut by the file's end is dropped with that end (a truncated file is read up to its cut)."""
+    data = path.read_bytes()
+    for bom, name in UTF_BOMS.items():
+        if data.startswith(bom):
+            raise SpecError(f"{path}: {name}-encoded (byte-order mark); convert it: iconv -f {name} -t UTF-8")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        if error.start >= len(data) - 3 and error.reason == "unexpected end of data":
+            return data[: error.start].decode("utf-8-sig")
+        line = data.count(b"\n", 0, error.start) + 1
+        raise SpecError(
+            f"{path}: not UTF-8 (byte {data[error.start]:#04x} at line {line}, offset {error.start}); convert it, e.g. "
+            "iconv -f latin1 -t UTF-8 for a Latin-1 file"
+        ) from None
+
+
+def _encodable(path: Path, conversation: dict) -> dict:
+    """A conversation whose text a tokenizer can encode: JSON's \\ud800 escapes decode to lone surrogates, which
+    no tokenizer takes; named by conversation id rather than failing later with an `unexpected` error."""
+    try:
+        json.dumps(conversation, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise SpecError(
+            f"{path}: conversation {conversation.get('id')!r} holds a lone UTF-16 surrogate (a \\ud800-\\udfff "
+            "escape without its pair): not text; fix or drop that conversation"
+        ) from None
+    return conversation
 
 
 def _nothing_after(path: Path, text: str, index: int) -> None:
@@ -114,15 +155,31 @@ def _chitchat_conversations(path: Path, text: str) -> Iterator[dict]:
     """chitchat-dataset's dataset.json: messages are lists of utterances; the first speaker is the user."""
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise SpecError(f"{path}: JSON nested deeper than Python's reader goes") from None
     except json.JSONDecodeError as error:
+        if error.msg == "Extra data":
+            raise SpecError(
+                f"{path}: JSON Lines (one object per line, more data at line {error.lineno}), not one JSON document; "
+                "ShareGPT files are one array: wrap the lines in one, e.g. jq -s . FILE > FILE.json"
+            ) from None
         raise SpecError(f"{path}: not valid JSON at line {error.lineno}, column {error.colno} ({error.msg})") from None
+    expected = 'chitchat-dataset\'s {id: {"messages": [[{"text": ..., "sender": ...}], ...]}}'
     for conversation_id, conversation in data.items():
         messages = conversation.get("messages") if isinstance(conversation, dict) else None
         if not isinstance(messages, list):
             raise SpecError(
                 f"{path}: conversation {conversation_id!r} has no 'messages' list; expected a ShareGPT JSON array or "
-                'chitchat-dataset\'s {id: {"messages": [[{"text": ..., "sender": ...}], ...]}}'
+                + expected
             )
+        for message in messages:
+            if isinstance(message, list) and not all(
+                isinstance(u, dict) and isinstance(u.get("text", ""), str) for u in message
+            ):
+                raise SpecError(
+                    f"{path}: conversation {conversation_id!r}: a message holds an utterance that is not an object "
+                    f"with a text string; expected {expected}"
+                )
         turns = [
             {"from": "human" if index % 2 == 0 else "gpt", "value": " ".join(u.get("text", "") for u in message)}
             for index, message in enumerate(messages)
@@ -173,9 +230,17 @@ def turn_prompts(
                     seen.add(messages)
                     prompts.append(Prompt(conversation_id, messages))
     if not prompts:
+        openers = Counter(history[0][0] for history in map(conversation_turns, conversations) if history)
+        found = ", ".join(f"{role} {count}" for role, count in openers.most_common()) or "no readable turn"
+        hint = (
+            "; --prompt-turns all also takes user turns after a system or assistant turn"
+            if turns == "first" and set(openers) - {"user"}
+            else ""
+        )
         raise SpecError(
-            f"{path}: no conversation {'starts with' if turns == 'first' else 'has'} a non-empty human turn; "
-            'expected ShareGPT format [{"id": ..., "conversations": [{"from": "human", "value": ...}]}]'
+            f"{path}: no conversation {'starts with' if turns == 'first' else 'has'} a non-empty human turn "
+            f"({len(conversations)} conversations, first turns: {found}){hint}; expected ShareGPT format "
+            '[{"id": ..., "conversations": [{"from": "human", "value": ...}]}]'
         )
     return prompts
 

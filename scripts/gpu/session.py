@@ -29,12 +29,14 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from importlib.metadata import version
 from pathlib import Path
@@ -405,9 +407,10 @@ class DeviceRun:
         plan = json.loads((run / "plan.json").read_text())
         for path in run.iterdir():
             shutil.copy(path, self.stash / path.name)
-        self.payload = self.stash / plan["payload"]
+        name = plain_name(plan.get("payload"), "plan.json payload")  # never a path outside the stash
+        self.payload = self.stash / name
         with open(self.payload, "wb") as sink:
-            sink.writelines(part.read_bytes() for part in sorted(self.stash.glob(plan["payload"] + ".part*")))
+            sink.writelines(part.read_bytes() for part in sorted(self.stash.glob(name + ".part*")))
         if sha256(self.payload) != plan["payload_sha256"]:
             raise SystemExit(
                 f"error: {self.payload} does not match the prepared payload (a stash run is missing: "
@@ -674,30 +677,87 @@ print(json.dumps(info))
 
 
 # -- collect (here) -----------------------------------------------------------------------------------------------
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def plain_name(value, what: str) -> str:
+    """A name read from a file a device run wrote, to be used as a file name here or there: everything unpacked is
+    untrusted, so only a plain name (no separator, no `..`) is taken; anything else ends the command."""
+    if not isinstance(value, str) or not PLAIN_NAME.fullmatch(value) or ".." in value:
+        raise SystemExit(
+            f"error: {what}={value!r}: not a plain file name (letters, digits, '.', '_', '-'); refused, since it "
+            "could name a path outside the folder it belongs in"
+        )
+    return value
+
+
+def _read_results(archive: Path, staging: Path) -> dict:
+    """Extract the archive into `staging` and read its drafters.json, each failure one line."""
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(staging, filter="data")
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as error:
+        raise SystemExit(
+            f"error: {archive}: not a readable results archive ({type(error).__name__}: {error})"
+        ) from None
+    listing = staging / "results" / "drafters.json"
+    if not listing.is_file():
+        return {}
+    try:
+        manifest = json.loads(listing.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise SystemExit(f"error: {listing.name} in {archive}: not valid JSON ({error})") from None
+    if not isinstance(manifest, dict):
+        raise SystemExit(f"error: {listing.name} in {archive}: expected an object of drafter kinds")
+    return manifest
+
+
 def collect(files_at: Path, repo: Path, dest: Path, install: bool) -> dict:
-    """Unpack the results, rejoin and check the drafters (every part read and its checksum matched before anything
-    is written: a missing part leaves an earlier collect's drafter as it was); with install, ship them and the
-    tables into the repo."""
+    """Unpack the results, rejoin and check the drafters, then write them: every name validated, every part read
+    and its checksum matched, every drafter loaded, all in a staging folder, before anything is written to `dest`
+    (a missing part, config or malformed name leaves an earlier collect as it was); with install, ship them and
+    the tables into the repo (all or nothing, ship)."""
     archive = files_at / "results.tar.gz"
     if not archive.is_file():
         raise SystemExit(f"error: {files_at} holds no results.tar.gz; pass the files_at folder of the last device run")
-    with tarfile.open(archive) as tar:
-        tar.extractall(dest, filter="data")
-    results = dest / "results"
-    manifest = json.loads((results / "drafters.json").read_text()) if (results / "drafters.json").exists() else {}
-    weights = {}
-    for kind, entry in manifest.items():
-        missing = [part for part in entry["parts"] if not (files_at / part).is_file()]
-        if missing:
-            raise SystemExit(f"error: {files_at} lacks {kind}'s parts {missing}; nothing was written for it")
-        weights[kind] = b"".join((files_at / part).read_bytes() for part in entry["parts"])
-        if hashlib.sha256(weights[kind]).hexdigest() != entry["weights_sha256"]:
-            raise SystemExit(f"error: {kind} weights do not match their checksum: a part in {files_at} is damaged")
-    for kind, data in weights.items():
-        out = dest / "drafters" / kind
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "model.safetensors").write_bytes(data)
-        shutil.copy(results / f"{kind}.config.json", out / "config.json")
+    from portable_spec.core.drafter import load_drafter
+    from portable_spec.core.spec import SpecError
+
+    with tempfile.TemporaryDirectory(prefix="portable-spec-collect-") as scratch:
+        staging = Path(scratch)
+        manifest = _read_results(archive, staging)
+        results = staging / "results"
+        for kind, entry in manifest.items():
+            if plain_name(kind, "drafters.json kind") not in KINDS:
+                raise SystemExit(f"error: drafters.json names kind {kind!r}; this session trains {list(KINDS)}")
+            if not isinstance(entry, dict) or not isinstance(entry.get("parts"), list):
+                raise SystemExit(f"error: drafters.json {kind}: expected an object with a `parts` list")
+            parts = [plain_name(part, f"drafters.json {kind}.parts") for part in entry["parts"]]
+            missing = [part for part in parts if not (files_at / part).is_file()]
+            if missing:
+                raise SystemExit(f"error: {files_at} lacks {kind}'s parts {missing}; nothing was written for it")
+            if not (results / f"{kind}.config.json").is_file():
+                raise SystemExit(
+                    f"error: {archive} holds no results/{kind}.config.json beside {kind}'s weights; nothing was "
+                    "written (a drafter is never paired with another run's config)"
+                )
+            data = b"".join((files_at / part).read_bytes() for part in parts)
+            if hashlib.sha256(data).hexdigest() != entry.get("weights_sha256"):
+                raise SystemExit(f"error: {kind} weights do not match their checksum: a part in {files_at} is damaged")
+            out = staging / "drafters" / kind
+            out.mkdir(parents=True)
+            (out / "model.safetensors").write_bytes(data)
+            shutil.copy(results / f"{kind}.config.json", out / "config.json")
+            try:
+                load_drafter(out)
+            except SpecError as error:
+                raise SystemExit(f"error: the collected {kind} drafter does not load: {error}") from None
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("results", *(f"drafters/{kind}" for kind in manifest)):
+            if (dest / name).exists():
+                shutil.rmtree(dest / name)  # an earlier collect's: dest is collect's own folder
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(staging / name), str(dest / name))
     if install:
         ship(repo, dest, manifest)
     return manifest
@@ -712,35 +772,46 @@ def beats_shipped(entry: dict) -> bool:
 
 
 def ship(repo: Path, dest: Path, manifest: dict) -> None:
-    """GPU-trained drafters that beat the shipped ones (beats_shipped) replace them; every kind's figures, kept or
-    not, go to MANIFEST.json's `gpu_runs`; tables and curves go to docs/benchmarks/gpu/."""
+    """Each GPU run is recorded as scripts/ship_smollm2_drafters.py records a warm start (record_warm_start: one
+    manifest key, `warm_starts`; one step count; the loss de-duplicated by step), and its drafter replaces the shipped
+    one when it beat it held out (beats_shipped); tables and curves go to docs/benchmarks/gpu/. Everything is read
+    and checked first, the new files written beside the old ones, then all renamed into place and the manifest
+    replaced: the shipped drafters and MANIFEST.json change together or not at all."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from ship_smollm2_drafters import loss_tail_mean, record_warm_start
+
     from portable_spec.core.drafter import load_drafter
 
     assets, docs = repo / "portable_spec/assets/smollm2", repo / "docs/benchmarks/gpu"
     record = json.loads((assets / "MANIFEST.json").read_text())
+    replacing = []
     for kind, entry in manifest.items():
         load_drafter(dest / "drafters" / kind)  # refuses anything malformed before it replaces a shipped drafter
-        losses = [json.loads(line) for line in (dest / "results" / f"{kind}-loss.jsonl").read_text().splitlines()]
-        tail = [e["loss"] for e in losses[-50:]]
-        figures = {
-            "steps": entry["steps"],
-            "train_seconds": entry["train_seconds"],
-            "final_loss_mean_last_50": round(sum(tail) / len(tail), 4),
-            **{k: v for k, v in entry.items() if k.startswith("heldout") or k == "warm_started_from_shipped"},
-            "replaced_shipped": beats_shipped(entry),
-        }
-        record.setdefault("gpu_runs", {}).setdefault(kind, []).append(figures)
-        if figures["replaced_shipped"]:
-            for name in ("config.json", "model.safetensors"):
-                shutil.copy(dest / "drafters" / kind / name, assets / "drafters" / kind / name)
-            record["drafters"][kind].update(
-                steps=entry["steps"],
-                train_seconds=entry["train_seconds"],
-                final_loss_mean_last_50=figures["final_loss_mean_last_50"],
-                heldout_tau=entry["heldout_tau"],
-                trained_on="GPU (warm start from the previous shipped drafter)",
-            )
-    (assets / "MANIFEST.json").write_text(json.dumps(record, indent=1) + "\n")
+        try:
+            run = {
+                "trained_on": "GPU",
+                "steps": entry["steps"],
+                "train_seconds": entry["train_seconds"],
+                "final_loss_mean_last_50": loss_tail_mean(dest / "results" / f"{kind}-loss.jsonl"),
+                **{k: v for k, v in entry.items() if k.startswith("heldout") or k == "warm_started_from_shipped"},
+                "replaced_shipped": beats_shipped(entry),
+            }
+            shipping = record_warm_start(record["drafters"][kind], run)  # the in-memory record; written at the end
+        except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as error:
+            raise SystemExit(f"error: {kind}: its loss curve or figures cannot be read ({error!r}); nothing shipped")
+        if shipping:
+            replacing += [
+                (dest / "drafters" / kind / name, assets / "drafters" / kind / name)
+                for name in ("config.json", "model.safetensors")
+            ]
+    staged = [(target.with_name(target.name + ".collect"), target) for _, target in replacing]
+    for (source, _), (temporary, _) in zip(replacing, staged):
+        shutil.copy(source, temporary)
+    manifest_file = assets / "MANIFEST.json"
+    staged.append((manifest_file.with_name("MANIFEST.json.collect"), manifest_file))
+    staged[-1][0].write_text(json.dumps(record, indent=1) + "\n")
+    for temporary, target in staged:
+        os.replace(temporary, target)
     docs.mkdir(parents=True, exist_ok=True)
     for path in (dest / "results").rglob("*"):
         if path.is_file() and path.suffix in (".md", ".json", ".png", ".jsonl"):
@@ -763,6 +834,11 @@ def device_copy(repo: Path, carried: list[str], into: Path) -> int:
 def dry_run(scratch: Path, data: Path | None) -> dict:
     """Every step on this CPU at tiny sizes, in a scratch copy of the repo (so the real index is never touched):
     prepare, each run in a fresh copy of what would travel, the size limits both ways, collect and restore."""
+    if scratch.exists() and (not scratch.is_dir() or any(scratch.iterdir())):
+        raise SystemExit(
+            f"error: --scratch {scratch}: not a new or empty folder; the dry run copies the repo into it and commits "
+            "a snapshot there, so it never writes into a folder that holds anything"
+        )
     repo = scratch / "repo"
     for path in travelling_files(ROOT):
         target = repo / path.relative_to(ROOT)

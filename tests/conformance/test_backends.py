@@ -22,7 +22,7 @@ from portable_spec.conformance.runner import (
     run_check,
 )
 from portable_spec.conformance.suite import all_checks
-from portable_spec.core.backends import backend_names
+from portable_spec.core.backends import backend_class, backend_names
 
 CHECKS = all_checks()
 EXPECTED = load_expected_failures(backend_names(), [check.id for check in CHECKS])
@@ -36,8 +36,15 @@ def _resolved(name: str) -> ResolvedBackend:
 @pytest.mark.parametrize(
     "backend_name, check",
     [
-        # the upstream/* rows run the upstream packages' own code in their venvs: the `upstream` CI stage's
-        pytest.param(name, check, id=f"{name}:{check.id}", marks=[pytest.mark.upstream] * (check.oracle == "upstream"))
+        # the upstream/* rows run the upstream packages' own code in their venvs: the `upstream` CI stage's; a
+        # backend with a marker (an engine its own CI stage builds) is that stage's
+        pytest.param(
+            name,
+            check,
+            id=f"{name}:{check.id}",
+            marks=[pytest.mark.upstream] * (check.oracle == "upstream")
+            + [getattr(pytest.mark, marker) for marker in [backend_class(name).pytest_marker] if marker],
+        )
         for name in backend_names()
         for check in CHECKS
     ],

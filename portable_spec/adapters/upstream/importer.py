@@ -19,6 +19,7 @@ from portable_spec.core.drafter import check_draft_vocab, check_weight_shapes, t
 from portable_spec.core.outputs import check_output_dir
 from portable_spec.core.spec import BLOCK_ATTENTION, WINDOW_RULES, DrafterConfig, SpecError, parse_config
 from portable_spec.core.target import TargetModel
+from portable_spec.core.target_checks import check_target_dir
 
 TRAINER = "trainer"  # an import option's default: what the code that trained the checkpoint computes
 WINDOW_RULE_CHOICES = (TRAINER, *WINDOW_RULES)
@@ -97,6 +98,28 @@ def embedding_and_head(
     return {name: shipped.get(name, own.to(dtype).clone()) for name, own in targets.items()}
 
 
+def check_target_shape(upstream: UpstreamDrafter, target_dir: Path, source: Path) -> None:
+    """The upstream's own record of its target (depth, width) against the target's config.json, read alone."""
+    from transformers import AutoConfig
+
+    check_target_dir(target_dir)
+    try:
+        target_config = AutoConfig.from_pretrained(str(target_dir)).get_text_config()
+    except (OSError, ValueError, KeyError) as error:
+        raise SpecError(f"target={target_dir}: transformers could not read its config.json ({error})") from None
+    layers, width = target_config.num_hidden_layers, target_config.hidden_size
+    if upstream.num_target_layers not in (None, layers):
+        raise SpecError(
+            f"{source}: num_target_layers = {upstream.num_target_layers}, the target {str(target_dir)!r} has "
+            f"{layers} layers; import it for the target it was trained for"
+        )
+    if upstream.target_hidden_size not in (None, width):
+        raise SpecError(
+            f"{source}: target_hidden_size = {upstream.target_hidden_size}, the target {str(target_dir)!r} is "
+            f"{width} wide; import it for the target it was trained for"
+        )
+
+
 def import_drafter(
     source: Path,
     target_dir: Path,
@@ -114,18 +137,8 @@ def import_drafter(
     upstream = read_upstream(source, layout)
     windows, mode = chosen_attention(upstream, window_rule, block_attention)
     check_output_dir(out, "drafter", inputs=(source, target_dir), force=force)  # before the target loads
+    check_target_shape(upstream, Path(target_dir), source)  # from its config.json: before the weights load
     target = TargetModel.load(target_dir)
-    layers = target.config.num_hidden_layers
-    if upstream.num_target_layers not in (None, layers):
-        raise SpecError(
-            f"{source}: num_target_layers = {upstream.num_target_layers}, the target {target.model_id!r} has "
-            f"{layers} layers; import it for the target it was trained for"
-        )
-    if upstream.target_hidden_size not in (None, target.config.hidden_size):
-        raise SpecError(
-            f"{source}: target_hidden_size = {upstream.target_hidden_size}, the target {target.model_id!r} is "
-            f"{target.config.hidden_size} wide; import it for the target it was trained for"
-        )
     config = parse_config(
         {
             "variant": {"kind": "parallel", "block_attention": mode},

@@ -211,9 +211,18 @@ def rope_scaling(values: dict, source: str, prefix: str = "") -> dict:
     mscale_all_dim, an untruncated range, partial rotary), is refused by name."""
     where, rope = "rope_parameters", values.get("rope_parameters") or {}
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind == "default" and values.get("rope_scaling"):
-        where, rope = "rope_scaling", values["rope_scaling"]
+    legacy = values.get("rope_scaling") or {}
+    if kind == "default" and legacy:
+        where, rope = "rope_scaling", legacy
         kind = rope.get("rope_type", rope.get("type", "default"))
+    elif legacy and legacy.get("rope_type", legacy.get("type", "default")) != "default":
+        both = {key: (rope.get(key), legacy.get(key)) for key in YARN_KEYS | {"rope_type"} if key in legacy}
+        differ = {key: pair for key, pair in both.items() if pair[0] != pair[1]}
+        if differ:  # transformers would take rope_parameters; the engines may read either
+            key, (new, old) = next(iter(sorted(differ.items())))
+            raise _refuse(
+                source, f"{prefix}rope_scaling.{key}", old, f"disagrees with rope_parameters.{key}={new!r}: keep one"
+            )
     if kind == "default":
         return {}
     if kind != "yarn":
@@ -225,11 +234,24 @@ def rope_scaling(values: dict, source: str, prefix: str = "") -> dict:
                 source, f"{prefix}{where}.{key}", value, "is a YaRN option the portable drafter does not compute"
             )
     original = rope.get("original_max_position_embeddings")
-    if not _whole(original):
-        raise _refuse(source, f"{prefix}{where}.original_max_position_embeddings", original, "must be a whole number")
+    if not _whole(original) or original < 1:
+        raise _refuse(
+            source, f"{prefix}{where}.original_max_position_embeddings", original, "must be a whole number >= 1"
+        )
+    for key in ("factor", "beta_fast", "beta_slow", "attention_factor"):
+        value = rope.get(key)
+        if value is not None and not _number(value):
+            raise _refuse(source, f"{prefix}{where}.{key}", value, "must be a number (not a string or boolean)")
     factor = rope.get("factor")
     if factor is None:  # transformers: the extension over the original length
         factor = _required(values, "max_position_embeddings", source, prefix) / original
+    if not factor >= 1:
+        raise _refuse(
+            source,
+            f"{prefix}{where}.factor",
+            factor,
+            "must be >= 1: YaRN extends the original context, never shrinks it",
+        )
     scaling = {key: rope[key] for key in ("beta_fast", "beta_slow", "attention_factor") if rope.get(key) is not None}
     return {
         "rope_scaling": {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original, **scaling}
