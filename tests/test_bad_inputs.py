@@ -985,6 +985,7 @@ def test_table_has_forty_distinct_cases():
     assert len({c.name for c in CASES}) == len(CASES) >= 40
 
 
+@pytest.mark.slow  # the installed console script, twice, in subprocesses
 def test_console_script_prints_one_line_and_debug_the_traceback(tmp_path):
     """The installed entry point, in a real process: one `error:` line and exit 2; --debug adds the traceback."""
     argv = [sys.executable, "-m", "portable_spec.cli", "generate", "hi", "--target", str(tmp_path / "nope")]

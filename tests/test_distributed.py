@@ -85,6 +85,7 @@ def _copy(prepared: Path, tmp_path: Path, name: str) -> Path:
     return work
 
 
+@pytest.mark.slow  # torchrun, or the train CLI in a subprocess
 @pytest.mark.parametrize("kind", ["depth_causal", "parallel"])
 def test_two_ranks_with_accumulation_train_the_curve_of_one_process(prepared, tmp_path, kind):
     """Global batch 8: one process x 8 rows, and 2 ranks x 2 accumulated micro-batches x 2 rows."""
@@ -102,6 +103,7 @@ def test_two_ranks_with_accumulation_train_the_curve_of_one_process(prepared, tm
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
 
 
+@pytest.mark.slow  # torchrun, or the train CLI in a subprocess
 @pytest.mark.parametrize("layout", ["ddp", "fsdp"])
 def test_a_two_rank_run_resumed_in_one_process_continues_the_curve(prepared, tmp_path, layout):
     """fsdp: the drafter and the target's layers sharded over the 2 ranks (FSDP2); the state on disk is whole."""
@@ -123,6 +125,7 @@ def test_a_two_rank_run_resumed_in_one_process_continues_the_curve(prepared, tmp
     assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-4) for k in a)
 
 
+@pytest.mark.slow  # torchrun, or the train CLI in a subprocess
 def test_online_features_give_the_loss_of_cached_ones(prepared):
     target = TargetModel.load(target_dir(), tokenizer=True)
     recipe = RecipeConfig(kind="depth_causal", block_size=4, num_hidden_layers=1)
@@ -188,6 +191,7 @@ def test_torchrun_environment_is_read_and_checked():
     assert distributed.rank_device(torch.device("cuda"), Ranks(1, 2, 1)) == torch.device("cuda", 1)
 
 
+@pytest.mark.slow  # torchrun, or the train CLI in a subprocess
 def test_bad_flags_under_torchrun_give_one_line(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "portable_spec.cli", "train",
@@ -202,6 +206,7 @@ def test_bad_flags_under_torchrun_give_one_line(tmp_path):
     ]
 
 
+@pytest.mark.slow  # torchrun, or the train CLI in a subprocess
 def test_a_killed_rank_ends_the_run_with_one_line_and_the_state_intact(prepared, tmp_path):
     work = _copy(prepared, tmp_path, "killed")
     run = _train(work, work / "dc", "--kind", "depth_causal", "--batch-size", "8", "--steps", "100000",
@@ -250,6 +255,7 @@ def _environ(pid: int) -> str:
         return ""
 
 
+@pytest.mark.slow  # torchrun, or the train CLI in a subprocess
 def test_rank_variables_without_torchrun_or_peers_end_in_one_line(tmp_path):
     """WORLD_SIZE=2 set by hand, no torchrun, no second rank: the run says so once the join time is up, instead of
     waiting in the rendezvous for the 2 h collective timeout."""

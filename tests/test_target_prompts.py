@@ -98,6 +98,7 @@ def test_prompt_stage_adds_them_to_the_train_prompts_only(tmp_path, write):
         prepare_prompts(tokenizer, data, tmp_path / "grown", with_target.model_copy(update={"target_prompts": 4}))
 
 
+@pytest.mark.slow  # the train CLI in a subprocess
 def test_train_cli_writes_target_prompts(tmp_path):
     """`portable-spec train --target-prompts N --until prompts` on a target whose tokenizer has a chat template."""
     import shutil

@@ -10,9 +10,12 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # a pip build
 def test_wheel_has_one_top_level_package(tmp_path):
     # build from a clean copy: an in-tree build/ directory would leave stale files behind for later wheels
     source = tmp_path / "src"
