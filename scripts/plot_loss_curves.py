@@ -14,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from portable_spec.training.work_dir import WorkDir  # noqa: E402
+
 
 def read_curve(path: Path, smooth: int) -> tuple[list[int], list[float]]:
     by_step = {}
@@ -38,7 +40,7 @@ def main() -> int:
     fig, ax = plt.subplots(figsize=(7, 4))
     for log in args.logs:
         steps, losses = read_curve(log, args.smooth)
-        ax.plot(steps, losses, label=log.name.removesuffix("-loss.jsonl"))
+        ax.plot(steps, losses, label=log.name.removesuffix(WorkDir.LOSS_LOG))
     ax.set(xlabel="step", ylabel=f"weighted CE (moving average, {args.smooth} steps)", title="drafter training loss")
     ax.legend()
     fig.tight_layout()

@@ -20,12 +20,13 @@ from portable_spec.core.checkpoint import save_drafter_cast
 from portable_spec.core.spec import VARIANT_KINDS, read_config
 from portable_spec.training.distill_data import load_sequences
 from portable_spec.training.heldout import improved_on_start, summarize_heldout_log
+from portable_spec.training.work_dir import WorkDir
 
 ASSETS = Path(__file__).resolve().parents[1] / "portable_spec" / "assets" / "smollm2"
 
 
 def data_figures(work_dir: Path) -> dict:
-    sequences = load_sequences(work_dir / "data", featurised_only=True)
+    sequences = load_sequences(WorkDir(work_dir).replies, featurised_only=True)
     return {
         "train_prompts": len(sequences),
         "reply_tokens": int((sequences.offsets[1:] - sequences.offsets[:-1] - sequences.prompt_lens).sum()),
@@ -58,10 +59,10 @@ def record_warm_start(record: dict, run: dict) -> bool:
 
 def run_figures(work_dir: Path, kind: str, seconds: float | None) -> tuple[dict, str | None]:
     """The run's steps, seconds and last-50-step loss, and the drafter it was warm-started from (None: scratch)."""
-    state = json.loads((work_dir / f"state-{kind}" / "trainer_state.json").read_text())
+    state = json.loads((WorkDir(work_dir).state(kind) / "trainer_state.json").read_text())
     figures = {
         "steps": state["step"],
-        "final_loss_mean_last_50": loss_tail_mean(work_dir / f"{kind}-loss.jsonl"),
+        "final_loss_mean_last_50": loss_tail_mean(WorkDir(work_dir).loss_log(kind)),
         "train_seconds": seconds if seconds is not None else round(state.get("elapsed_seconds", 0.0), 1) or None,
     }
     return figures, state["train_config"].get("init_from")
@@ -99,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         shipped_dir = (args.assets / "drafters" / kind).resolve()
         if Path(init_from).resolve() != shipped_dir:
             raise SystemExit(f"error: {kind} was warm-started from {init_from}, not the shipped {shipped_dir}")
-        held_out = summarize_heldout_log(args.work_dir / f"{kind}-heldout.jsonl")
+        held_out = summarize_heldout_log(WorkDir(args.work_dir).heldout_log(kind))
         if not held_out:
             raise SystemExit(f"error: {kind} has no held-out log in {args.work_dir}: nothing says it beats the shipped")
         run = {**data, **figures, **held_out, "replaced_shipped": improved_on_start(held_out)}

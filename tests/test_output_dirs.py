@@ -101,9 +101,10 @@ def test_a_second_holder_of_a_lock_stops_at_once_and_a_stale_lock_is_taken_over(
     import subprocess
     import sys
 
-    from portable_spec.core.outputs import check_unlocked, data_lock, locked
+    from portable_spec.core.outputs import check_unlocked, locked
+    from portable_spec.training.work_dir import WorkDir
 
-    lock = data_lock(tmp_path)
+    lock = WorkDir(tmp_path).data_lock
     with locked(lock, "--work-dir W"):
         assert json.loads(lock.read_text())["pid"] > 0
         with pytest.raises(SpecError, match=r"--work-dir W is in use by another portable-spec run \(pid \d+ on "):
@@ -121,13 +122,14 @@ def test_a_second_holder_of_a_lock_stops_at_once_and_a_stale_lock_is_taken_over(
 
 def test_two_runs_on_one_work_dir_train_different_outputs_but_never_the_same(tmp_path):
     """Kinds may train at once on shared data (each its own state and loss log); the same output may not."""
-    from portable_spec.core.outputs import locked, training_lock
+    from portable_spec.core.outputs import locked
+    from portable_spec.training.work_dir import WorkDir
 
-    with locked(training_lock(tmp_path, "depth_causal"), "training depth_causal"):
-        with locked(training_lock(tmp_path, "parallel"), "training parallel"):
+    with locked(WorkDir(tmp_path).training_lock("depth_causal"), "training depth_causal"):
+        with locked(WorkDir(tmp_path).training_lock("parallel"), "training parallel"):
             pass
         with pytest.raises(SpecError, match="training depth_causal is in use"):
-            with locked(training_lock(tmp_path, "depth_causal"), "training depth_causal"):
+            with locked(WorkDir(tmp_path).training_lock("depth_causal"), "training depth_causal"):
                 pass
 
 

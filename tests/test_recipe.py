@@ -181,8 +181,9 @@ def test_damaged_work_dir_files_are_named(tmp_path):
 
 def test_an_empty_heldout_split_is_said_not_silent(tmp_path, capsys):
     """Issue 47: a data set too small for its 5% held-out split trained with no evaluation, and said nothing."""
-    from portable_spec.training.recipe import HELDOUT_PROMPTS, RecipeConfig, _heldout_replies
+    from portable_spec.training.recipe import RecipeConfig, _heldout_replies
+    from portable_spec.training.work_dir import WorkDir
 
-    (tmp_path / HELDOUT_PROMPTS).write_text("[]")
+    WorkDir(tmp_path).heldout_prompts.write_text("[]")
     assert _heldout_replies(None, None, tmp_path, RecipeConfig(kind="parallel")) is None
     assert "holds no held-out prompt" in capsys.readouterr().out

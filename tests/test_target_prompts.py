@@ -10,9 +10,10 @@ from transformers import AutoTokenizer
 from portable_spec.core import fixtures
 from portable_spec.core.spec import SpecError
 from portable_spec.training.distill_data import reply_writer
-from portable_spec.training.recipe import HELDOUT_PROMPTS, TRAIN_PROMPTS, RecipeConfig, prepare_prompts
+from portable_spec.training.recipe import RecipeConfig, prepare_prompts
 from portable_spec.training.sharegpt import chat_prompt_ids
 from portable_spec.training.target_prompts import target_written_prompts, user_turn_template
+from portable_spec.training.work_dir import WorkDir
 
 # A template whose user turn closes with a newline: the fixture target (trained on Python source) ends lines often
 TEMPLATE = (
@@ -87,8 +88,9 @@ def test_prompt_stage_adds_them_to_the_train_prompts_only(tmp_path, write):
     base = prepare_prompts(tokenizer, data, tmp_path / "plain", plain)
     grown = prepare_prompts(tokenizer, data, tmp_path / "grown", with_target, lambda: write)
     assert len(grown) == len(base) + 8 and set(map(tuple, base)) < set(map(tuple, grown))
-    assert (tmp_path / "plain" / HELDOUT_PROMPTS).read_text() == (tmp_path / "grown" / HELDOUT_PROMPTS).read_text()
-    ids = [entry["id"] for entry in json.loads((tmp_path / "grown" / TRAIN_PROMPTS).read_text())]
+    plain_dir, grown_dir = WorkDir(tmp_path / "plain"), WorkDir(tmp_path / "grown")
+    assert plain_dir.heldout_prompts.read_text() == grown_dir.heldout_prompts.read_text()
+    ids = [entry["id"] for entry in json.loads(grown_dir.train_prompts.read_text())]
     assert sum(str(i).startswith("target-") for i in ids) == 8
     # fewer data prompts than prepared: a prefix of the data set's, and still every prompt the target wrote
     fewer = prepare_prompts(tokenizer, data, tmp_path / "grown", with_target.model_copy(update={"num_prompts": 20}))
@@ -120,6 +122,6 @@ def test_train_cli_writes_target_prompts(tmp_path):
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "the target wrote 6 of 6 asked" in done.stdout
-    ids = [entry["id"] for entry in json.loads((work / TRAIN_PROMPTS).read_text())]
-    heldout = json.loads((work / HELDOUT_PROMPTS).read_text())
+    ids = [entry["id"] for entry in json.loads(WorkDir(work).train_prompts.read_text())]
+    heldout = json.loads(WorkDir(work).heldout_prompts.read_text())
     assert sum(str(i).startswith("target-") for i in ids) == 6 and len(ids) == 6 + 40 - len(heldout)

@@ -20,17 +20,16 @@ from portable_spec.core.outputs import (
     check_output_dir,
     check_unlocked,
     claim_work_dir,
-    data_lock,
-    training_lock,
 )
 from portable_spec.core.real_target import KNOWN_TARGETS
 from portable_spec.core.spec import VARIANT_KINDS, SpecError
 from portable_spec.training import distributed
 from portable_spec.training.distill_data import ReplyConfig, pick_generator
 from portable_spec.training.heldout import check_resumed_evaluation
-from portable_spec.training.recipe import STAGES, EvalConfig, RecipeConfig, prompts_prepared, run_recipe
+from portable_spec.training.recipe import STAGES, EvalConfig, RecipeConfig, run_recipe
 from portable_spec.training.sharding import check_layouts, shard_target
 from portable_spec.training.train import TrainConfig, check_shapes
+from portable_spec.training.work_dir import WorkDir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -246,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         check_init_from(Path(train.init_from), args)
     device = distributed.rank_device(check_device(args.device), ranks)
     data = args.data
-    if data is None and not prompts_prepared(args.work_dir):  # a prepared work dir needs no data set
+    if data is None and not WorkDir(args.work_dir).prompts_prepared():  # a prepared work dir needs no data set
         data = sharegpt_path()
     if data is not None and not Path(data).is_file():
         raise SpecError(f"--data {data}: not a file; pass a ShareGPT-style JSON file")
@@ -300,9 +299,9 @@ def _check_outputs(args: argparse.Namespace, data: Path | None) -> None:
     """What the run writes is free to write (rank 0 checks for every rank: the others would see its locks)."""
     check_paths(args, data)
     claim_work_dir(args.work_dir, args.force)
-    check_unlocked(data_lock(args.work_dir), f"--work-dir {args.work_dir}")  # fail at once, before loading
+    check_unlocked(WorkDir(args.work_dir).data_lock, f"--work-dir {args.work_dir}")  # fail at once, before loading
     check_unlocked(
-        training_lock(args.work_dir, Path(args.out).name),
+        WorkDir(args.work_dir).training_lock(Path(args.out).name),
         f"--work-dir {args.work_dir} (training {Path(args.out).name})",
     )
 
@@ -366,16 +365,18 @@ def _train(
     if evaluation.every is not None:
         name = Path(args.out).name
         check_resumed_evaluation(
-            Path(args.work_dir) / f"{name}-heldout.jsonl",
-            Path(args.work_dir) / f"state-{name}",
+            WorkDir(args.work_dir).heldout_log(name),
+            WorkDir(args.work_dir).state(name),
             evaluation.blocks,
             recipe.heldout_eval_prompts,
         )
-    if data is not None and not prompts_prepared(args.work_dir) and ranks.main:
+    if data is not None and not WorkDir(args.work_dir).prompts_prepared() and ranks.main:
         from portable_spec.training.sharegpt import human_turns
 
         human_turns(Path(data), recipe.prompt_turns, recipe.prompt_context)  # its content errors, before the weights
-    if recipe.target_prompts and not prompts_prepared(args.work_dir):  # its tokenizer alone, before the model loads
+    if (
+        recipe.target_prompts and not WorkDir(args.work_dir).prompts_prepared()
+    ):  # its tokenizer alone, before the model loads
         from transformers import AutoTokenizer
 
         from portable_spec.training.target_prompts import user_turn_template
@@ -411,5 +412,5 @@ def _train(
     if out is None:
         print(f"stopped after stage {args.until!r}; {args.work_dir} holds the data")
         return 0
-    print(f"wrote {out} ({args.kind}); loss curve: {args.work_dir / (out.name + '-loss.jsonl')}")
+    print(f"wrote {out} ({args.kind}); loss curve: {WorkDir(args.work_dir).loss_log(out.name)}")
     return 0

@@ -330,13 +330,3 @@ def claim_work_dir(work_dir: Path, force: bool = False) -> Path:
     if read_marker(work_dir) is None:
         write_marker(work_dir, WORK_DIR_KIND)
     return work_dir
-
-
-def data_lock(work_dir: Path) -> Path:
-    """Held while a run writes a work dir's shared data (prompts, replies, features)."""
-    return Path(work_dir) / LOCK_FILE
-
-
-def training_lock(work_dir: Path, out_name: str) -> Path:
-    """Held while a run trains into `out_name` (its state and loss log): kinds may train at once on one work dir."""
-    return Path(work_dir) / f".train-{out_name}{LOCK_FILE}"

@@ -17,7 +17,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from portable_spec.core.drafter import Drafter
-from portable_spec.core.outputs import data_lock, locked, training_lock
+from portable_spec.core.outputs import locked
 from portable_spec.core.spec import DrafterConfig, SpecError, read_json_object
 from portable_spec.core.target import TargetModel
 from portable_spec.training import distributed
@@ -38,6 +38,7 @@ from portable_spec.training.prompts import chat_prompt_split, length_bucketed, r
 from portable_spec.training.sharegpt import PromptTurns
 from portable_spec.training.target_prompts import Writer, is_target_written, target_written_prompts
 from portable_spec.training.train import TrainConfig, autocast_for, drafter_config_for, train_loop
+from portable_spec.training.work_dir import WorkDir
 
 
 def dflash_target_layer_ids(num_target_layers: int, num_feature_layers: int) -> list[int]:
@@ -148,15 +149,6 @@ class EvalConfig(BaseModel):
                 raise SpecError(f"--eval-blocks {block}: measure blocks in 2..{block_size} (--block-size)")
 
 
-TRAIN_PROMPTS, HELDOUT_PROMPTS = "train_prompts.json", "heldout_prompts.json"
-
-
-def prompts_prepared(work_dir: Path) -> bool:
-    """The prompt stage is done in work_dir (a later run needs no data set, e.g. on a machine without it)."""
-    return (Path(work_dir) / TRAIN_PROMPTS).is_file()
-
-
-PROMPT_SETTINGS = "prompt_settings.json"
 PROMPT_FIELDS = (
     "prompt_turns",
     "prompt_context",
@@ -177,18 +169,15 @@ def prepare_prompts(
     """Train prompts (cached in work_dir): the data set's, then `recipe.target_prompts` the target writes
     (`target_writer()` makes the writer, only then); the held-out split is written beside them for benchmarks. A
     prepared work dir is reused only for the settings it was prepared with (else one error naming what changed)."""
-    train_file, heldout_file, settings_file = (
-        work_dir / TRAIN_PROMPTS,
-        work_dir / HELDOUT_PROMPTS,
-        work_dir / PROMPT_SETTINGS,
-    )
+    layout = WorkDir(work_dir)
+    train_file, heldout_file, settings_file = layout.train_prompts, layout.heldout_prompts, layout.prompt_settings
     settings = {name: getattr(recipe, name) for name in PROMPT_FIELDS} | {"num_prompts": recipe.num_prompts}
     if data_path is not None:
         settings["data"] = Path(data_path).name
     if not train_file.exists():
         if data_path is None:
-            raise SpecError(f"{work_dir}: holds no {TRAIN_PROMPTS}; pass --data with a ShareGPT-style JSON file")
-        with locked(data_lock(work_dir), f"--work-dir {work_dir}"):
+            raise SpecError(f"{work_dir}: holds no {train_file.name}; pass --data with a ShareGPT-style JSON file")
+        with locked(layout.data_lock, f"--work-dir {work_dir}"):
             train, heldout = chat_prompt_split(
                 tokenizer,
                 data_path,
@@ -326,10 +315,12 @@ def run_recipe(
         prompts = prepare_prompts(tokenizer, data_path, work_dir, recipe)
     if until == "prompts":
         return None
-    data_lock_held = lambda: locked(data_lock(work_dir), f"--work-dir {work_dir}")  # noqa: E731 - only for work to do
+    data_lock_held = lambda: locked(WorkDir(work_dir).data_lock, f"--work-dir {work_dir}")  # noqa: E731 - only for work to do
     lock = data_lock_held if ranks.main else nullcontext
     options = {"lock": lock, "ranks": ranks, "may_generate": not target_sharded}
-    data_dir = _replies(target, target_dir, prompts, work_dir / "data", recipe, replies=recipe.replies, **options)
+    data_dir = _replies(
+        target, target_dir, prompts, WorkDir(work_dir).replies, recipe, replies=recipe.replies, **options
+    )
     heldout_dir = _heldout_replies(target, target_dir, work_dir, recipe, **options)
     distributed.barrier(ranks)
     if until == "replies":
@@ -378,7 +369,8 @@ def run_recipe(
             f"{draw.passes(train.steps):.1f} passes over the data",
             flush=True,
         )
-    log_file = work_dir / f"{out_dir.name}-loss.jsonl"
+    layout, name = WorkDir(work_dir), out_dir.name
+    log_file = layout.loss_log(name)
 
     def log(step: int, loss: float, seconds: float) -> None:
         with open(log_file, "a") as handle:
@@ -398,20 +390,20 @@ def run_recipe(
         tracker = HeldoutTracker(
             evaluate,
             evaluation.every,
-            work_dir / f"{out_dir.name}-heldout.jsonl",
-            work_dir / f"best-{out_dir.name}",
+            layout.heldout_log(name),
+            layout.best(name),
             evaluation.plateau,
             recipe.heldout_eval_prompts,
         )
     what = f"--work-dir {work_dir} (training {out_dir.name})"
-    with locked(training_lock(work_dir, out_dir.name), what) if ranks.main else nullcontext():
+    with locked(layout.training_lock(name), what) if ranks.main else nullcontext():
         train_loop(
             target,
             config,
             draw,
             train,
             out_dir,
-            work_dir / f"state-{out_dir.name}",
+            layout.state(name),
             progress,
             draft_vocab=vocab,
             log=log,
@@ -428,7 +420,7 @@ def _heldout_replies(
 ) -> Path | None:
     """Greedy replies to the first heldout_eval_prompts held-out prompts, in work_dir/heldout (the acceptance
     measured while training needs the target's greedy output, whatever the training replies are)."""
-    heldout_file = work_dir / HELDOUT_PROMPTS
+    heldout_file = WorkDir(work_dir).heldout_prompts
     if not recipe.heldout_eval_prompts or not heldout_file.is_file():
         return None
     prompts = [p["ids"] for p in read_prompts(heldout_file)][: recipe.heldout_eval_prompts]
@@ -439,7 +431,7 @@ def _heldout_replies(
             "or pass --heldout-eval-prompts 0 to say so"
         )
         return None
-    return _replies(target, target_dir, prompts, work_dir / "heldout", recipe, **options)
+    return _replies(target, target_dir, prompts, WorkDir(work_dir).heldout_replies, recipe, **options)
 
 
 def _replies(target: TargetModel, target_dir: Path, prompts, out_dir: Path, recipe, replies=None, **options) -> Path:

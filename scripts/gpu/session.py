@@ -535,7 +535,9 @@ class DeviceRun:
         )
         # A cut reply stage keeps its finished shards: features and training use exactly those prompts, so no later
         # run generates replies (or waits on the data lock) while the drafters train.
-        shards = len(list((self.work / "data").glob("shard-*.safetensors")))
+        from portable_spec.training.work_dir import WorkDir
+
+        shards = len(list(WorkDir(self.work).replies.glob("shard-*.safetensors")))
         done = str(min(shards * p.reply_batch_size, p.num_prompts or 10**6))
         common += ["--num-prompts", done]
         self.stage("features", [self.cli("train", *common, *data_only, "--until", "features")], p.limits["features"])
@@ -633,6 +635,7 @@ class DeviceRun:
         when warm-started), into the results."""
         from portable_spec.core.checkpoint import save_drafter_cast
         from portable_spec.training.heldout import summarize_heldout_log
+        from portable_spec.training.work_dir import WorkDir
 
         manifest = {}
         for kind in KINDS:
@@ -641,19 +644,20 @@ class DeviceRun:
                 continue
             ship = self.stash / "ship" / kind
             save_drafter_cast(source, ship, force=True)
-            state = json.loads((self.work / f"state-{kind}" / "trainer_state.json").read_text())
+            layout = WorkDir(self.work)
+            state = json.loads((layout.state(kind) / "trainer_state.json").read_text())
             manifest[kind] = {
                 "steps": state["step"],
                 "train_seconds": round(state["elapsed_seconds"], 1),
                 "weights_sha256": sha256(ship / "model.safetensors"),
                 "parts": [],
                 "warm_started_from_shipped": (self.stash / "payload/shipped" / kind).is_dir(),
-                **summarize_heldout_log(self.work / f"{kind}-heldout.jsonl"),
+                **summarize_heldout_log(layout.heldout_log(kind)),
             }
             shutil.copy(ship / "config.json", self.results / f"{kind}.config.json")
-            for curve in (f"{kind}-loss.jsonl", f"{kind}-heldout.jsonl"):
-                if (self.work / curve).exists():
-                    shutil.copy(self.work / curve, self.results / curve)
+            for curve in (layout.loss_log(kind), layout.heldout_log(kind)):  # results/ keeps the work dir's names
+                if curve.exists():
+                    shutil.copy(curve, self.results / curve.name)
             data = (ship / "model.safetensors").read_bytes()
             for index, offset in enumerate(range(0, len(data), BACK_FILE_LIMIT - MARGIN)):
                 name = f"{kind}.safetensors.part{index}"
@@ -781,6 +785,7 @@ def ship(repo: Path, dest: Path, manifest: dict) -> None:
     from ship_smollm2_drafters import loss_tail_mean, record_warm_start
 
     from portable_spec.core.drafter import load_drafter
+    from portable_spec.training.work_dir import WorkDir
 
     assets, docs = repo / "portable_spec/assets/smollm2", repo / "docs/benchmarks/gpu"
     record = json.loads((assets / "MANIFEST.json").read_text())
@@ -792,7 +797,7 @@ def ship(repo: Path, dest: Path, manifest: dict) -> None:
                 "trained_on": "GPU",
                 "steps": entry["steps"],
                 "train_seconds": entry["train_seconds"],
-                "final_loss_mean_last_50": loss_tail_mean(dest / "results" / f"{kind}-loss.jsonl"),
+                "final_loss_mean_last_50": loss_tail_mean(dest / "results" / WorkDir(dest).loss_log(kind).name),
                 **{k: v for k, v in entry.items() if k.startswith("heldout") or k == "warm_started_from_shipped"},
                 "replaced_shipped": beats_shipped(entry),
             }
