@@ -517,7 +517,7 @@ CASES = [
     Case(
         "train --init-from A_DEPTH_CAUSAL_DRAFTER --kind parallel",
         TRAIN + ("--init-from", "{dc}"),
-        expect=r"--init-from .*: its kind is 'depth_causal', this run asks for 'parallel'",
+        expect=r"--init-from .*: another drafter than this run asks for \(kind: saved 'depth_causal', asked 'parallel'\)",
     ),
     # -- API ------------------------------------------------------------------------------------------------------
     Case("SpeculativeDecoder.generate([[1, 3.7]], ...)", api=_api_prompt_float, expect=r"prompts\[0\] holds 3\.7"),

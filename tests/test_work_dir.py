@@ -35,3 +35,26 @@ def test_the_layout():
     assert work.state("depth_causal") == Path("runs/x/state-depth_causal")
     assert work.loss_log("parallel").name == "parallel-loss.jsonl"
     assert work.training_lock("a") != work.training_lock("b") != work.data_lock
+
+
+def test_one_comparison_names_every_changed_setting():
+    from portable_spec.training.work_dir import changed_settings
+
+    saved, asked = {"lr": 0.002, "steps": 10, "seed": 0}, {"lr": 0.0001, "steps": 20, "seed": 0}
+    assert changed_settings(saved, asked) == ["lr: saved 0.002, asked 0.0001", "steps: saved 10, asked 20"]
+    assert changed_settings(saved, asked, ignore=("steps",)) == ["lr: saved 0.002, asked 0.0001"]
+    assert changed_settings({"prompt_turns": "first"}, {"prompt_turns": "all"}, words=("prepared", "asked"),
+                            flags=True) == ["prompt-turns: prepared 'first', asked 'all'"]  # fmt: skip
+
+
+def test_every_settings_check_uses_the_one_comparison():
+    """Issue 46: "refuse a work dir made with other settings" was written six ways."""
+    users = {
+        "portable_spec/training/train.py": 3,  # resume: drafter and training config; warm start
+        "portable_spec/training/recipe.py": 1,  # prepared prompts
+        "portable_spec/training/distill_data.py": 1,  # replies
+        "portable_spec/training/feature_cache.py": 1,  # cached features
+        "portable_spec/cli/train.py": 1,  # --init-from, before any model loads
+    }
+    for path, calls in users.items():
+        assert (ROOT / path).read_text().count("changed_settings(") == calls, path

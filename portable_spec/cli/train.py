@@ -29,7 +29,7 @@ from portable_spec.training.heldout import check_resumed_evaluation
 from portable_spec.training.recipe import STAGES, EvalConfig, RecipeConfig, run_recipe
 from portable_spec.training.sharding import check_layouts, shard_target
 from portable_spec.training.train import TrainConfig, check_shapes
-from portable_spec.training.work_dir import WorkDir
+from portable_spec.training.work_dir import WorkDir, changed_settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -320,12 +320,13 @@ def check_init_from(init_from: Path, args: argparse.Namespace) -> None:
         "target_layer_ids": args.target_layer_ids,
         "mask_token_id": args.mask_token_id,
     }
-    for field, asked in asked_fields.items():
-        if asked is not None and getattr(saved, field) != asked:
-            raise SpecError(
-                f"--init-from {init_from}: its {field} is {getattr(saved, field)!r}, this run asks for {asked!r}; "
-                "train the saved shape or drop --init-from"
-            )
+    asked_fields = {field: value for field, value in asked_fields.items() if value is not None}
+    changed = changed_settings({field: getattr(saved, field) for field in asked_fields}, asked_fields)
+    if changed:
+        raise SpecError(
+            f"--init-from {init_from}: another drafter than this run asks for ({'; '.join(changed)}); train the "
+            "saved shape or drop --init-from"
+        )
 
 
 def check_paths(args: argparse.Namespace, data: Path | None) -> None:

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from portable_spec.core.outputs import write_file_atomically
 from portable_spec.core.spec import SpecError, read_json_object
 from portable_spec.training.distributed import SINGLE, Ranks
+from portable_spec.training.work_dir import changed_settings
 
 Generator = Literal["auto", "vllm", "hf"]
 
@@ -298,11 +299,11 @@ def generate_replies(
     meta = {"max_new_tokens": max_new_tokens, "shard_size": shard_size, **replies.shard_meta()}
     if meta_file.exists():
         previous = read_json_object(meta_file, f"delete {out_dir} to regenerate the replies")
-        keys = set(meta) | (set(SAMPLING_KEYS) & set(previous))
-        changed = {k: (previous.get(k), meta.get(k)) for k in keys if previous.get(k) != meta.get(k)}
+        keys = sorted(set(meta) | (set(SAMPLING_KEYS) & set(previous)))
+        changed = changed_settings(previous, meta, keys, words=("was", "now"))
         if changed:
             raise SpecError(
-                f"{out_dir}: holds data made with other settings {changed} (was, now); "
+                f"{out_dir}: holds data made with other settings ({'; '.join(changed)}); "
                 "use another directory or the same settings"
             )
     shards = [

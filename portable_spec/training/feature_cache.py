@@ -23,6 +23,7 @@ from portable_spec.core.spec import SpecError
 from portable_spec.core.target import TargetModel
 from portable_spec.training.distill_data import Sequences, read_shard
 from portable_spec.training.distributed import SINGLE, Ranks
+from portable_spec.training.work_dir import changed_settings
 
 
 @torch.no_grad()
@@ -114,10 +115,14 @@ class FeatureDataset:
             if not path.exists():
                 continue  # a shard whose features are not cached yet is left out, never half-used
             meta = _read_meta(path)
-            if json.loads(meta.get("layer_ids", "null")) != layer_ids or meta.get("fingerprint") != fingerprint:
+            cached = {"layer_ids": json.loads(meta.get("layer_ids", "null")), "fingerprint": meta.get("fingerprint")}
+            changed = changed_settings(
+                cached, {"layer_ids": layer_ids, "fingerprint": fingerprint}, words=("cached", "now")
+            )
+            if changed:
                 raise SpecError(
-                    f"{path}: cached for layer_ids={meta.get('layer_ids')} of another target or layer set "
-                    f"(wanted {layer_ids}); delete the features-*.safetensors files to recompute"
+                    f"{path}: cached for another target or layer set ({'; '.join(changed)}); delete the "
+                    "features-*.safetensors files to recompute"
                 )
             parts.append(read_shard(shard))
             try:

@@ -38,7 +38,7 @@ from portable_spec.training.prompts import chat_prompt_split, length_bucketed, r
 from portable_spec.training.sharegpt import PromptTurns
 from portable_spec.training.target_prompts import Writer, is_target_written, target_written_prompts
 from portable_spec.training.train import TrainConfig, autocast_for, drafter_config_for, train_loop
-from portable_spec.training.work_dir import WorkDir
+from portable_spec.training.work_dir import WorkDir, changed_settings
 
 
 def dflash_target_layer_ids(num_target_layers: int, num_feature_layers: int) -> list[int]:
@@ -217,11 +217,8 @@ def prepare_prompts(
 
 
 def _check_prompt_settings(work_dir: Path, saved: dict, asked: dict, prepared: int) -> None:
-    changed = [
-        f"{name.replace('_', '-')}: prepared {saved.get(name)!r}, asked {asked[name]!r}"
-        for name in asked
-        if name != "num_prompts" and name in saved and saved.get(name) != asked[name]
-    ]
+    keys = [name for name in asked if name != "num_prompts" and name in saved]
+    changed = changed_settings(saved, asked, keys, words=("prepared", "asked"), flags=True)
     if asked["num_prompts"] > prepared and prepared >= saved.get("num_prompts", prepared):
         changed.append(f"num-prompts: prepared {prepared}, asked {asked['num_prompts']}")
     if changed:

@@ -28,6 +28,7 @@ from portable_spec.training.batches import step_generator
 from portable_spec.training.data import sample_windows
 from portable_spec.training.distributed import SINGLE, Ranks
 from portable_spec.training.sharding import Layout, ShardedDrafter
+from portable_spec.training.work_dir import changed_settings
 
 
 class TrainConfig(BaseModel):
@@ -183,14 +184,6 @@ def _save_state(state_dir: Path, drafter: Drafter, state: dict, step: int, confi
     write_dir_atomically(state_dir, write, kind="training-state")
 
 
-def _differences(saved: dict, asked: dict, ignore: tuple[str, ...] = ()) -> list[str]:
-    return [
-        f"{key}: saved {saved.get(key)!r}, asked {asked.get(key)!r}"
-        for key in sorted(set(saved) | set(asked))
-        if key not in ignore and saved.get(key) != asked.get(key)
-    ]
-
-
 def _load_state(
     state_dir: Path, target: TargetModel, drafter_config: DrafterConfig, config: TrainConfig
 ) -> tuple[Drafter, dict, int, float]:
@@ -208,8 +201,8 @@ def _load_state(
             "to start over, or restore it"
         ) from None
     saved_drafter = read_config(state_dir / "drafter")
-    diff = _differences(saved_drafter.model_dump(), drafter_config.model_dump())
-    diff += _differences(meta.get("train_config", {}), config.model_dump(), ignore=RESUMABLE_CHANGES)
+    diff = changed_settings(saved_drafter.model_dump(), drafter_config.model_dump())
+    diff += changed_settings(meta.get("train_config", {}), config.model_dump(), ignore=RESUMABLE_CHANGES)
     if diff:
         raise SpecError(
             f"{state_dir}: holds another training run than the one asked for ({'; '.join(diff)}); "
@@ -269,7 +262,7 @@ def warm_start(target: TargetModel, drafter_config: DrafterConfig, init_from: Pa
     """The drafter at `init_from` (its weights and draft vocabulary) on the target's device, after checking it is
     the drafter this run would train: bound to this target, the same config field for field."""
     drafter = target.bind(load_drafter(init_from))  # fp32 master weights, whatever the target's dtype
-    diff = _differences(drafter.config.model_dump(), drafter_config.model_dump())
+    diff = changed_settings(drafter.config.model_dump(), drafter_config.model_dump())
     if diff:
         raise SpecError(
             f"--init-from {init_from}: another drafter shape than this run trains ({'; '.join(diff)}); pass the "

@@ -15,6 +15,7 @@ ship script and the GPU session script ask a WorkDir for a path instead of spell
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,3 +78,23 @@ class WorkDir:
     def training_lock(self, name: str) -> Path:
         """Held while a run trains `name` (its state and logs): kinds may train at once on one work dir."""
         return self.root / f".train-{name}{LOCK_FILE}"
+
+
+def changed_settings(
+    saved: Mapping,
+    asked: Mapping,
+    keys: Iterable[str] | None = None,
+    ignore: Iterable[str] = (),
+    words: tuple[str, str] = ("saved", "asked"),
+    flags: bool = False,
+) -> list[str]:
+    """The one comparison behind every "same settings or refuse" rule of a work dir (a resumed or warm-started run,
+    prepared prompts, replies, cached features, --init-from): `key: saved X, asked Y` for each setting of `keys`
+    (default: both sides') that differs, `ignore` left out; `flags` names keys as the flags that set them."""
+    ignored = set(ignore)
+    names = sorted(set(saved) | set(asked)) if keys is None else list(keys)
+    return [
+        f"{name.replace('_', '-') if flags else name}: {words[0]} {saved.get(name)!r}, {words[1]} {asked.get(name)!r}"
+        for name in names
+        if name not in ignored and saved.get(name) != asked.get(name)
+    ]
