@@ -5,7 +5,7 @@ load on the machine falls on every row alike:
 - llama.cpp plain greedy on the user's quantized target (the shipped Q4_1 GGUF: what a CPU user runs; the baseline)
   and on the F32 conversion (the reference's exact weights);
 - llama.cpp `draft-dflash` with every exportable shipped drafter (`export gguf`) at each --n-max on the quantized
-  target, and at the smallest and the trained block on F32. llama.cpp always runs an (n_max + 1)-slot block, so
+  target, and at the --n-max nearest 3 and the trained block on F32. llama.cpp always runs an (n_max + 1)-slot block, so
   below n_max = block_size - 1 a bidirectional (parallel) drafter runs on a shorter block than it was trained on;
   the reference runs the whole trained block and takes the first drafts;
 - llama.cpp's own ngram modes (no drafter) at the largest --n-max;
@@ -105,7 +105,8 @@ def run_llamacpp_bench(args) -> int:
         harness_job(f"llama.cpp plain ({weights})", weights)
     full_block = {kind: read_config(path).block_size - 1 for kind, path in drafters.items()}
     for (kind, weights), draft in drafts.items():
-        for n_max in args.n_max if weights == "Q4_1" else sorted({min(args.n_max), full_block[kind]}):
+        f32 = {min(args.n_max, key=lambda n: abs(n - 3)), full_block[kind]}  # ~3 drafts, and the trained block
+        for n_max in args.n_max if weights == "Q4_1" else sorted(f32):
             harness_job(f"llama.cpp draft-dflash {kind} n_max={n_max} ({weights})", weights, draft, n_max=n_max)
     for mode in NGRAM_MODES:
         harness_job(f"llama.cpp {mode} n_max={max(args.n_max)} (Q4_1)", "Q4_1", spec_type=mode, n_max=max(args.n_max))
