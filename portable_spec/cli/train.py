@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from portable_spec.cli.devices import DTYPES, check_device
+from portable_spec.core.errors import validation_line
 from portable_spec.core.outputs import (
     check_not_an_input,
     check_output_dir,
@@ -265,19 +266,20 @@ EVAL_FLAGS = {"every": "--eval-every", "blocks": "--eval-blocks", "plateau": "--
 
 
 def _as_flags(model, flags: dict[str, str], **values):
-    """`model(**values)`, with a validation error reported under the flags the user typed."""
+    """`model(**values)`, with a validation error reported under the flags the user typed (core.errors'
+    validation_line, labelled `--flag value`; a whole-config rule's message names its flags itself)."""
+
+    def label(item: dict) -> str:
+        if not item["loc"]:
+            return ""
+        field, value = str(item["loc"][0]), item.get("input")
+        shown = "" if isinstance(value, (dict, BaseModel)) else f" {value!r}"
+        return flags.get(field, "--" + field.replace("_", "-")) + shown
+
     try:
         return model(**values)
     except ValidationError as error:
-        parts = []
-        for item in error.errors():
-            field = str(item["loc"][0]) if item["loc"] else ""
-            flag = flags.get(field, "--" + field.replace("_", "-"))
-            value = item.get("input")
-            shown = "" if isinstance(value, (dict, BaseModel)) else f" {value!r}"
-            message = item["msg"].removeprefix("Value error, ")
-            parts.append(f"{flag}{shown}: {message}" if field else message)  # a whole-config rule names its flags
-        raise SpecError("; ".join(parts)) from None
+        raise SpecError(validation_line(error, label=label)) from None
 
 
 def check_reply_length(target_dir: Path, recipe: RecipeConfig) -> None:

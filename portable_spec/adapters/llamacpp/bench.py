@@ -27,6 +27,7 @@ import torch
 
 from portable_spec.adapters.llamacpp import build, engine
 from portable_spec.adapters.llamacpp.gguf_export import DRAFTER_FILE, export_gguf
+from portable_spec.core.matmul_layout import cpu_description
 from portable_spec.core.outputs import claim_output_dir, mark_output_dir, results_json, write_file_atomically
 from portable_spec.core.spec import SpecError, read_config
 
@@ -105,8 +106,8 @@ def run_llamacpp_bench(args) -> int:
         harness_job(f"llama.cpp plain ({weights})", weights)
     full_block = {kind: read_config(path).block_size - 1 for kind, path in drafters.items()}
     for (kind, weights), draft in drafts.items():
-        f32 = {min(args.n_max, key=lambda n: abs(n - 3)), full_block[kind]}  # ~3 drafts, and the trained block
-        for n_max in args.n_max if weights == "Q4_1" else sorted(f32):
+        on_f32 = {min(args.n_max, key=lambda n: abs(n - 3)), full_block[kind]}  # ~3 drafts, and the trained block
+        for n_max in args.n_max if weights == "Q4_1" else sorted(on_f32):
             harness_job(f"llama.cpp draft-dflash {kind} n_max={n_max} ({weights})", weights, draft, n_max=n_max)
     for mode in NGRAM_MODES:
         harness_job(f"llama.cpp {mode} n_max={max(args.n_max)} (Q4_1)", "Q4_1", spec_type=mode, n_max=max(args.n_max))
@@ -162,7 +163,7 @@ def run_llamacpp_bench(args) -> int:
     if args.out is not None:
         out = Path(args.out)
         payload = {
-            "machine": _machine(),
+            "machine": cpu_description(),
             "prompts": len(prompts),
             "max_new_tokens": args.max_new_tokens,
             "threads": args.threads,
@@ -177,16 +178,9 @@ def run_llamacpp_bench(args) -> int:
     return 0
 
 
-def _machine() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
-
-
 def _table(rows: dict[str, Row], baseline: Row, plain_of: dict[str, Row], args, prompts: int) -> str:
     lines = [
-        f"Machine: {_machine()}, {args.threads} threads; llama.cpp {build.BUILD}; SmolLM2-135M-Instruct, "
+        f"Machine: {cpu_description()}, {args.threads} threads; llama.cpp {build.BUILD}; SmolLM2-135M-Instruct, "
         f"{prompts} held-out prompts x up to {args.max_new_tokens} tokens, greedy, batch 1, stop at <|im_end|>.",
         "",
         "| row | tokens/s | vs llama.cpp plain Q4_1 | per-prompt ratio median [q1, q3] | tau | break-even tau | lossless |",

@@ -63,7 +63,9 @@ def _give_merges(path: Path) -> None:
     merges, which llama.cpp refuses to load ("cannot find tokenizer merges"); it gets a one-entry merge list (the
     `gguf` writer drops an empty array), the weights copied unchanged. Ids in, ids out: the harness never
     tokenizes."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGUFReader, GGUFWriter
+
+    from portable_spec.adapters.llamacpp.gguf_export import copy_field
 
     reader = GGUFReader(str(path))
     fields = reader.fields
@@ -72,10 +74,8 @@ def _give_merges(path: Path) -> None:
     rewritten = path.with_suffix(".merges")
     writer = GGUFWriter(str(rewritten), fields["general.architecture"].contents())
     for name, field in fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
-            continue
-        sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub_type)
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            copy_field(writer, name, field)
     tokens = fields["tokenizer.ggml.tokens"].contents()
     writer.add_array("tokenizer.ggml.merges", [f"{tokens[1]} {tokens[2]}"])
     for tensor in reader.tensors:

