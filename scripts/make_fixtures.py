@@ -15,14 +15,15 @@ import sysconfig
 import time
 from pathlib import Path
 
+import fixture_corpus as data
 import torch
+from fixture_training import train_drafter
 from tqdm import tqdm
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from portable_spec.core.outputs import write_dir_atomically
-from portable_spec.core.target import TargetModel
-from portable_spec.training import data
-from portable_spec.training.train import TrainConfig, drafter_config_for, train_drafter
+from portable_spec.core.target import TargetModel, drafter_config_for
+from portable_spec.training.config import TrainConfig
 
 TARGET = dict(
     vocab_size=2048,

@@ -2,7 +2,7 @@
 the package small; d2t stays int64) and record them in MANIFEST.json from the work directory's records.
 
     python scripts/ship_smollm2_drafters.py --work-dir runs/smollm2 --seconds-json runs/smollm2/seconds.json
-    python scripts/ship_smollm2_drafters.py --work-dir runs/more --kinds depth_causal parallel   # warm starts
+    python scripts/ship_smollm2_drafters.py --work-dir runs/more   # the recipe's kinds (recipe.json), warm starts
 
 A run trained from scratch replaces the shipped drafter and the manifest's data figures. A run warm-started from
 the shipped drafter (`--init-from portable_spec/assets/smollm2/drafters/KIND`) replaces it only when its best
@@ -17,12 +17,18 @@ import json
 from pathlib import Path
 
 from portable_spec.core.checkpoint import save_drafter_cast
-from portable_spec.core.spec import VARIANT_KINDS, read_config
-from portable_spec.training.distill_data import load_sequences
+from portable_spec.core.spec import VARIANT_KINDS, read_config, read_json_object
 from portable_spec.training.heldout import improved_on_start, summarize_heldout_log
+from portable_spec.training.replies import load_sequences
 from portable_spec.training.work_dir import WorkDir
 
 ASSETS = Path(__file__).resolve().parents[1] / "portable_spec" / "assets" / "smollm2"
+RECIPE = ASSETS / "recipe.json"  # the shipped drafters' recipe: which kinds are shipped, and how they were trained
+
+
+def recipe_kinds() -> list[str]:
+    """The kinds the shipped recipe trains (its `kinds`), the ones shipped by default."""
+    return list(read_json_object(RECIPE, "restore it from git").get("kinds", {}))
 
 
 def data_figures(work_dir: Path) -> dict:
@@ -77,10 +83,17 @@ def ship(source: Path, assets: Path, kind: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work-dir", type=Path, required=True)
-    parser.add_argument("--kinds", nargs="+", choices=VARIANT_KINDS, default=list(VARIANT_KINDS))
+    parser.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=VARIANT_KINDS,
+        default=None,
+        help="Default: the kinds of assets/smollm2/recipe.json.",
+    )
     parser.add_argument("--assets", type=Path, default=ASSETS, help="Where the shipped drafters live")
     parser.add_argument("--seconds-json", type=Path, default=None, help="{kind: training seconds}, if recorded")
     args = parser.parse_args(argv)
+    args.kinds = args.kinds or recipe_kinds()
     manifest_file = args.assets / "MANIFEST.json"
     manifest = json.loads(manifest_file.read_text()) if manifest_file.exists() else {"drafters": {}}
     data = data_figures(args.work_dir)

@@ -20,15 +20,17 @@ from typing import Callable
 
 import pytest
 import torch
+from fixture_training import train_drafter
 from safetensors.torch import load, save_file
 
+import portable_spec
 from portable_spec.cli import main
 from portable_spec.core import fixtures
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
 from portable_spec.core.outputs import LOCK_FILE, WORK_DIR_KIND, write_marker
 from portable_spec.core.spec import SpecError
 from portable_spec.core.target import TargetModel
-from portable_spec.training.train import TrainConfig, train_drafter
+from portable_spec.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "errors.md"
@@ -498,6 +500,18 @@ CASES = [
     Case("train --replies-per-prompt 0", TRAIN + ("--replies-per-prompt", "0"), expect=r"--replies-per-prompt 0: "),
     Case("train --eval-every 0", TRAIN + ("--eval-every", "0"), expect=r"--eval-every 0\.0: Input should be greater"),
     Case("train --reply-seed -1", TRAIN + ("--reply-seed", "-1"), expect=r"--reply-seed -1: "),
+    # --config: a run file (issue 46)
+    Case("train --config A_FILE (not JSON)", TRAIN + ("--config", "{file}"), expect=r"file\.txt: not valid JSON"),
+    Case(
+        "train --config RUN_FILE (unknown setting)",
+        TRAIN + ("--config", "{run_file_typo}"),
+        expect=r"--num-prompt 10: Extra inputs are not permitted",
+    ),
+    Case(
+        "train --config RECIPE --kind autoregressive (the recipe has no such kind)",
+        TRAIN[:4] + ("autoregressive",) + TRAIN[5:] + ("--config", "{recipe}"),
+        expect=r"recipe\.json: --kind autoregressive: this recipe trains depth_causal, parallel; pass --kind",
+    ),
     Case(
         "train --eval-blocks 32 (block 16)",
         TRAIN + ("--eval-blocks", "4", "32"),
@@ -711,6 +725,9 @@ def built(tmp_path_factory) -> dict[str, Path]:
     (root / "sharegpt.json").write_text(json.dumps(conversations))
     paths["sharegpt"] = root / "sharegpt.json"
     paths["file"] = root / "file.txt"
+    (root / "run-typo.json").write_text(json.dumps({"prompts": {"num_prompt": 10}}))
+    paths["run_file_typo"] = root / "run-typo.json"
+    paths["recipe"] = Path(portable_spec.__file__).parent / "assets" / "smollm2" / "recipe.json"
     (root / "user").mkdir()
     (root / "user" / "notes.txt").write_text("the user's own files\n")
     paths["user"] = root / "user"

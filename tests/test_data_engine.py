@@ -8,9 +8,9 @@ import torch
 
 from portable_spec.core.spec import SpecError
 from portable_spec.core.testing import save_tiny_pair
-from portable_spec.training.distill_data import ReplyConfig, generate_replies, load_sequences
-from portable_spec.training.prompts import chat_prompt_split, length_bucketed
-from portable_spec.training.recipe import RecipeConfig, prepare_prompts
+from portable_spec.training.config import PromptConfig, ReplyConfig
+from portable_spec.training.prompts import chat_prompt_split, length_bucketed, prepare_prompts
+from portable_spec.training.replies import generate_replies, load_sequences
 from portable_spec.training.sharegpt import human_turns, is_heldout, iter_conversations
 
 
@@ -98,7 +98,7 @@ def test_a_prepared_work_dir_refuses_other_prompt_settings(tmp_path):
     data = _write(tmp_path / "s.json", [_conversation(i, [f"q{i}", "a", f"more {i}"]) for i in range(60)])
     work = tmp_path / "work"
     work.mkdir()
-    recipe = RecipeConfig(kind="parallel", num_prompts=10)
+    recipe = PromptConfig(num_prompts=10)
     prompts = prepare_prompts(WordTokenizer(), data, work, recipe)
     assert len(prompts) == 10
     assert prepare_prompts(WordTokenizer(), None, work, recipe.model_copy(update={"num_prompts": 4}))[:4] == prompts[:4]
@@ -119,37 +119,36 @@ PROMPTS = [[1 + (i * 7 + j) % 200 for j in range(3 + i % 4)] for i in range(5)]
 
 
 def test_sampled_replies_are_seeded_and_follow_the_greedy_ones(tiny_target_dir, tmp_path):
-    config = ReplyConfig(per_prompt=3, temperature=1.0, top_p=1.0, seed=7)
+    config = ReplyConfig(
+        replies_per_prompt=3,
+        reply_temperature=1.0,
+        reply_top_p=1.0,
+        reply_seed=7,
+        max_new_tokens=12,
+        reply_batch_size=3,
+        generator="hf",
+    )
 
     def make(name, replies):
-        data = generate_replies(
-            tiny_target_dir, PROMPTS, tmp_path / name, max_new_tokens=12, shard_size=3, generator="hf", replies=replies
-        )
+        data = generate_replies(tiny_target_dir, PROMPTS, tmp_path / name, replies)
         return [load_sequences(data).sequence(i).tolist() for i in range(len(load_sequences(data)))]
 
     first, again = make("a", config), make("b", config)
-    greedy = make("greedy", ReplyConfig())
-    other_seed = make("c", config.model_copy(update={"seed": 8}))
+    greedy = make("greedy", config.model_copy(update={"replies_per_prompt": 1}))
+    other_seed = make("c", config.model_copy(update={"reply_seed": 8}))
     assert first == again and len(first) == 3 * len(PROMPTS)  # same seed, same replies
     assert first[:3] == greedy[:3] and first[9:11] == greedy[3:]  # per shard (3 prompts, then 2): greedy first
     assert first != other_seed
     sampled = first[3:9] + first[11:]
     assert any(s not in greedy for s in sampled)  # temperature 1 on a random target: not the greedy replies
     with pytest.raises(SpecError, match="other settings"):
-        make("a", config.model_copy(update={"temperature": 0.5}))
+        make("a", config.model_copy(update={"reply_temperature": 0.5}))
 
 
 def test_static_cache_gives_the_same_greedy_replies(tiny_target_dir, tmp_path, capsys):
     def make(name, cache):
-        data = generate_replies(
-            tiny_target_dir,
-            PROMPTS,
-            tmp_path / name,
-            max_new_tokens=12,
-            shard_size=5,
-            generator="hf",
-            replies=ReplyConfig(cache=cache),
-        )
+        replies = ReplyConfig(max_new_tokens=12, reply_batch_size=5, generator="hf", reply_cache=cache)
+        data = generate_replies(tiny_target_dir, PROMPTS, tmp_path / name, replies)
         return load_sequences(data).tokens
 
     assert torch.equal(make("dynamic", "dynamic"), make("static", "static"))

@@ -7,22 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 from fake_cuda import DeviceMismatch, FakeCudaTensor, fake_cuda
+from fixture_training import stream_batches, train_drafter
 
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
 from portable_spec.core.noise import VerifyNoise
 from portable_spec.core.sampling import SamplingBatch, SamplingParams
+from portable_spec.core.target import drafter_config_for
 from portable_spec.core.testing import tiny_drafter, tiny_target
 from portable_spec.core.verify import verify
-from portable_spec.training.distill_data import Sequences
-from portable_spec.training.feature_cache import FeatureDataset
-from portable_spec.training.train import (
-    TrainConfig,
-    drafter_config_for,
-    drafter_loss,
-    initial_drafter,
-    stream_batches,
-    train_drafter,
-)
+from portable_spec.training.config import TrainConfig
+from portable_spec.training.features import FeatureDataset
+from portable_spec.training.loss import drafter_loss
+from portable_spec.training.replies import Sequences
+from portable_spec.training.state import initial_drafter
 
 PROMPTS = [[5, 9, 14, 3, 22, 7], [40, 41, 42]]
 
@@ -141,7 +138,7 @@ def test_time_budget_ends_the_run_on_time_and_writes_the_checkpoint(tmp_path):
     train = TrainConfig(
         steps=10**6, batch_size=2, seq_len=32, anchors_per_seq=3, warmup_steps=1, time_budget=budget, save_every=10**6
     )
-    from portable_spec.training.train import train_loop
+    from portable_spec.training.loop import train_loop
 
     draw = stream_batches(target, torch.arange(4000) % 37, train, config.target_layer_ids, config.block_size)
     train_loop(

@@ -18,16 +18,18 @@ import torch
 from portable_spec.core.fixtures import target_dir
 from portable_spec.core.spec import SpecError
 from portable_spec.core.target import TargetModel
-from portable_spec.training import distributed
+from portable_spec.training import parallel
 from portable_spec.training.batches import ReplyBatches
-from portable_spec.training.distill_data import load_sequences
-from portable_spec.training.distributed import Ranks, from_environment
-from portable_spec.training.feature_cache import FeatureDataset
-from portable_spec.training.recipe import RecipeConfig, build_config
-from portable_spec.training.train import drafter_loss, initial_drafter
+from portable_spec.training.config import DrafterShape
+from portable_spec.training.drafter_shape import build_config
+from portable_spec.training.features import FeatureDataset
+from portable_spec.training.loss import drafter_loss
+from portable_spec.training.parallel import Ranks, from_environment
+from portable_spec.training.replies import load_sequences
+from portable_spec.training.state import initial_drafter
 
 ARGS = [
-    "--target", "fixture", "--num-prompts", "40", "--max-new-tokens", "24", "--block-size", "4", "--num-layers", "1",
+    "--target", "fixture", "--num-prompts", "40", "--max-new-tokens", "24", "--block-size", "4", "--num-hidden-layers", "1",
     "--seq-len", "48", "--anchors-per-seq", "4", "--heldout-eval-prompts", "4", "--eval-blocks", "4",
     "--reply-batch-size", "16", "--lr", "3e-3", "--warmup-steps", "2",
 ]  # fmt: skip
@@ -107,7 +109,7 @@ def test_two_ranks_with_accumulation_train_the_curve_of_one_process(prepared, tm
 @pytest.mark.parametrize("layout", ["ddp", "fsdp"])
 def test_a_two_rank_run_resumed_in_one_process_continues_the_curve(prepared, tmp_path, layout):
     """fsdp: the drafter and the target's layers sharded over the 2 ranks (FSDP2); the state on disk is whole."""
-    steps = ["--kind", "depth_causal", "--batch-size", "8", "--save-every", "2", "--features", "online"]
+    steps = ["--kind", "depth_causal", "--batch-size", "8", "--save-every", "2", "--feature-mode", "online"]
     steps += ["--draft-vocab-size", "512"]  # its d2t buffer travels whole through the sharded saves
     sharded = ["--drafter-parallel", "fsdp", "--target-parallel", "fsdp"] if layout == "fsdp" else []
     one, split = _copy(prepared, tmp_path, "one"), _copy(prepared, tmp_path, "split")
@@ -128,7 +130,7 @@ def test_a_two_rank_run_resumed_in_one_process_continues_the_curve(prepared, tmp
 @pytest.mark.slow  # torchrun, or the train CLI in a subprocess
 def test_online_features_give_the_loss_of_cached_ones(prepared):
     target = TargetModel.load(target_dir(), tokenizer=True)
-    recipe = RecipeConfig(kind="depth_causal", block_size=4, num_hidden_layers=1)
+    recipe = DrafterShape(kind="depth_causal", block_size=4, num_hidden_layers=1)
     config = build_config(target, target.tokenizer, recipe, "fixture")
     cached = FeatureDataset.load(prepared / "data", config.target_layer_ids, target.fingerprint)
     online = FeatureDataset(load_sequences(prepared / "data"), None)
@@ -176,7 +178,7 @@ def test_rank_rows_split_the_global_batch_exactly():
         ]
         assert sorted(i for r in rows for i in r) == list(range(batch))
     with pytest.raises(SpecError, match=r"--batch-size 10 .* 4 equal micro-batches; use a multiple of 4"):
-        distributed.check_batch(Ranks(0, 2), 10, 2)
+        parallel.check_batch(Ranks(0, 2), 10, 2)
 
 
 def test_torchrun_environment_is_read_and_checked():
@@ -187,8 +189,8 @@ def test_torchrun_environment_is_read_and_checked():
     with pytest.raises(SpecError, match="not integers"):
         from_environment({"RANK": "x", "WORLD_SIZE": "2"})
     with pytest.raises(SpecError, match="--device cuda:1: with 2 ranks each one takes GPU LOCAL_RANK"):
-        distributed.rank_device(torch.device("cuda:1"), Ranks(0, 2))
-    assert distributed.rank_device(torch.device("cuda"), Ranks(1, 2, 1)) == torch.device("cuda", 1)
+        parallel.rank_device(torch.device("cuda:1"), Ranks(0, 2))
+    assert parallel.rank_device(torch.device("cuda"), Ranks(1, 2, 1)) == torch.device("cuda", 1)
 
 
 @pytest.mark.slow  # torchrun, or the train CLI in a subprocess
@@ -284,9 +286,9 @@ def test_rank_variables_without_torchrun_or_peers_end_in_one_line(tmp_path):
 
 BLOCKED_RANK = """
 import sys, time, torch, torch.distributed as dist
-from portable_spec.training import distributed
-ranks = distributed.from_environment()
-distributed.start(ranks, torch.device("cpu"))
+from portable_spec.training import parallel
+ranks = parallel.from_environment()
+parallel.start(ranks, torch.device("cpu"))
 print("ready", flush=True)
 if ranks.rank == 1:
     dist.barrier()  # blocks inside gloo: rank 0 never joins it
@@ -318,7 +320,7 @@ def test_a_rank_blocked_in_a_collective_ends_on_sigterm_with_one_line(tmp_path):
             assert line.strip() == "ready"
         time.sleep(1)  # rank 1 is inside the barrier
         procs[1].send_signal(signal.SIGTERM)
-        _, err = procs[1].communicate(timeout=distributed.STOP_GRACE_SECONDS + 20)  # torchrun would wait 30 s
+        _, err = procs[1].communicate(timeout=parallel.STOP_GRACE_SECONDS + 20)  # torchrun would wait 30 s
     finally:
         for proc in procs:
             proc.kill()

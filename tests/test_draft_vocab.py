@@ -6,8 +6,9 @@ import torch
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
 from portable_spec.core.drafter import Drafter, load_drafter
 from portable_spec.core.spec import SpecError
+from portable_spec.core.target import drafter_config_for
 from portable_spec.core.testing import tiny_target
-from portable_spec.training.train import drafter_config_for, drafter_loss, target_to_draft
+from portable_spec.training.loss import drafter_loss, target_to_draft
 
 VOCAB_IDS = torch.tensor(sorted({*range(0, 256, 3), 255}))  # 87 of 256 ids, including the mask id
 

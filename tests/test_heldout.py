@@ -5,17 +5,18 @@ import json
 
 import pytest
 import torch
+from fixture_training import train_drafter
 
 from portable_spec.core import fixtures
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
 from portable_spec.core.spec import SpecError
-from portable_spec.core.target import TargetModel
+from portable_spec.core.target import TargetModel, drafter_config_for
 from portable_spec.core.testing import tiny_target
-from portable_spec.training.distill_data import Sequences
-from portable_spec.training.feature_cache import FeatureDataset
+from portable_spec.training.config import EvalConfig, TrainConfig
+from portable_spec.training.features import FeatureDataset
 from portable_spec.training.heldout import HeldoutAcceptance, HeldoutTracker, simulate_rounds
-from portable_spec.training.recipe import EvalConfig
-from portable_spec.training.train import TrainConfig, drafter_config_for, train_drafter, warm_start
+from portable_spec.training.replies import Sequences
+from portable_spec.training.state import warm_start
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MAX_NEW = 24
@@ -92,7 +93,7 @@ def test_heldout_acceptance_reports_tau_per_block(fixture_target):
     assert report["tau"][4] > 1.2 and report["tau"][16] >= report["tau"][4] - 0.5
     assert len(report["acceptance_by_position"][16]) == 15 and not drafter.training
     with pytest.raises(SpecError, match="--eval-blocks 32"):
-        EvalConfig(blocks=(32,)).check_blocks(drafter.config.block_size)
+        EvalConfig(eval_blocks=(32,)).check_blocks(drafter.config.block_size)
 
 
 def _strict(text: str):

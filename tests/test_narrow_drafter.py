@@ -126,7 +126,7 @@ def test_onnx_graph_uses_the_own_modules(tmp_path, target, draft_vocab):
 def test_training_reaches_the_own_embedding_and_head(target):
     """The loss trains a narrow drafter end to end, its own embedding and head included (fine-tuning an imported
     drafter)."""
-    from portable_spec.training.train import drafter_loss
+    from portable_spec.training.loss import drafter_loss
 
     drafter = _narrow(target, draft_vocab=100).train()
     torch.manual_seed(0)

@@ -10,10 +10,14 @@ from safetensors.torch import load_file, save_file
 from portable_spec.core.spec import SpecError
 from portable_spec.core.target import TargetModel
 from portable_spec.core.testing import save_tiny_pair
-from portable_spec.training.distill_data import generate_replies, load_sequences
-from portable_spec.training.feature_cache import FeatureDataset, cache_features
-from portable_spec.training.recipe import dflash_target_layer_ids, frequent_tokens
+from portable_spec.training.config import ReplyConfig
+from portable_spec.training.draft_vocab import frequent_tokens
+from portable_spec.training.drafter_shape import dflash_target_layer_ids
+from portable_spec.training.features import FeatureDataset, cache_features
+from portable_spec.training.replies import generate_replies, load_sequences
 from portable_spec.training.sharegpt import first_human_turns, is_heldout, iter_conversations, split_prompts
+
+REPLIES = ReplyConfig(max_new_tokens=20, reply_batch_size=4, generator="hf")
 
 
 def _conversation(i, first_role="human", text=None):
@@ -96,7 +100,7 @@ def distilled(tmp_path_factory):
     root = tmp_path_factory.mktemp("recipe")
     target_dir, _ = save_tiny_pair(root)
     prompts = [[1 + (i * 7 + j) % 200 for j in range(3 + i % 4)] for i in range(6)]
-    data = generate_replies(target_dir, prompts, root / "data", max_new_tokens=20, shard_size=4, generator="hf")
+    data = generate_replies(target_dir, prompts, root / "data", REPLIES)
     return TargetModel.load(target_dir), target_dir, prompts, data
 
 
@@ -112,10 +116,10 @@ def test_replies_are_the_targets_greedy_continuations_and_resume(distilled):
     expected = target.model.generate(torch.tensor([prompts[0]]), do_sample=False, max_new_tokens=20)[0].tolist()
     assert first == expected[: len(first)]
     before = (data / "shard-00000.safetensors").stat().st_mtime_ns
-    generate_replies(target_dir, prompts, data, max_new_tokens=20, shard_size=4, generator="hf")
+    generate_replies(target_dir, prompts, data, REPLIES)
     assert (data / "shard-00000.safetensors").stat().st_mtime_ns == before  # done shards are kept, not redone
     with pytest.raises(SpecError, match="other settings"):
-        generate_replies(target_dir, prompts, data, max_new_tokens=30, shard_size=4, generator="hf")
+        generate_replies(target_dir, prompts, data, REPLIES.model_copy(update={"max_new_tokens": 30}))
 
 
 def test_cached_features_equal_the_targets_and_batches_stay_in_replies(distilled):
@@ -150,16 +154,16 @@ def test_draft_vocabulary_is_the_most_frequent_reply_tokens(distilled):
 
 
 def test_default_layer_ids_are_distinct_on_shallow_targets():
-    from portable_spec.training.recipe import dflash_target_layer_ids
+    from portable_spec.training.drafter_shape import dflash_target_layer_ids
 
     assert dflash_target_layer_ids(30, 3) == [1, 14, 27] and dflash_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert dflash_target_layer_ids(4, 2) == [0, 2]  # DFlash's [1, L-3] would give [1, 1]
-    with pytest.raises(SpecError, match="use --num-layers 1 or fewer, or pass --target-layer-ids"):
+    with pytest.raises(SpecError, match="use --num-hidden-layers 1 or fewer, or pass --target-layer-ids"):
         dflash_target_layer_ids(2, 2)
 
 
 def test_damaged_work_dir_files_are_named(tmp_path):
-    from portable_spec.training.distill_data import Sequences, generate_replies, read_shard
+    from portable_spec.training.replies import Sequences, generate_replies, read_shard
 
     shard = tmp_path / "shard-00000.safetensors"
     save_file(
@@ -176,14 +180,14 @@ def test_damaged_work_dir_files_are_named(tmp_path):
         read_shard(shard)
     (tmp_path / "distill.json").write_text("{half")
     with pytest.raises(SpecError, match=r"distill\.json: not valid JSON"):
-        generate_replies(tmp_path, [[1, 2]], tmp_path, generator="hf")
+        generate_replies(tmp_path, [[1, 2]], tmp_path, ReplyConfig(generator="hf"))
 
 
 def test_an_empty_heldout_split_is_said_not_silent(tmp_path, capsys):
     """Issue 47: a data set too small for its 5% held-out split trained with no evaluation, and said nothing."""
-    from portable_spec.training.recipe import RecipeConfig, _heldout_replies
+    from portable_spec.training.prompts import heldout_eval_prompts
     from portable_spec.training.work_dir import WorkDir
 
     WorkDir(tmp_path).heldout_prompts.write_text("[]")
-    assert _heldout_replies(None, None, tmp_path, RecipeConfig(kind="parallel")) is None
+    assert heldout_eval_prompts(tmp_path, 32) == []
     assert "holds no held-out prompt" in capsys.readouterr().out

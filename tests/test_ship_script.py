@@ -16,7 +16,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
 ARGS = [
     "train", "--target", "fixture", "--kind", "depth_causal", "--num-prompts", "16", "--max-new-tokens", "12",
-    "--block-size", "4", "--num-layers", "1", "--seq-len", "32", "--batch-size", "2", "--anchors-per-seq", "2",
+    "--block-size", "4", "--num-hidden-layers", "1", "--seq-len", "32", "--batch-size", "2", "--anchors-per-seq", "2",
     "--heldout-eval-prompts", "3", "--eval-blocks", "4", "--reply-batch-size", "8", "--warmup-steps", "0",
     "--generator", "hf",
 ]  # fmt: skip
@@ -48,6 +48,13 @@ def test_a_warm_start_replaces_the_shipped_drafter_only_when_it_beats_it_held_ou
     manifest = json.loads((assets / "MANIFEST.json").read_text())
     assert manifest["drafters"]["depth_causal"]["steps"] == 3 and manifest["train_prompts"] > 0
     before = (shipped / "model.safetensors").read_bytes()
+    # the run wrote its settings; --config reads them back as the same run (it resumes), here one step longer
+    scratch = tmp_path / "scratch"
+    run_file = scratch / "depth_causal-run.json"
+    assert json.loads(run_file.read_text())["train"]["steps"] == 3
+    out = ["--work-dir", str(scratch), "--out", str(scratch / "drafters/depth_causal")]
+    assert main(["train", "--config", str(run_file), "--steps", "4", *out]) == 0
+    assert json.loads((scratch / "state-depth_causal/trainer_state.json").read_text())["step"] == 4
 
     warm = tmp_path / "warm"  # lr 1e-12 learns nothing: its best held-out tau is the shipped drafter's own
     _train(warm, data, "--steps", "2", "--lr", "1e-12", "--init-from", str(shipped))

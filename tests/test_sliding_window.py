@@ -10,7 +10,7 @@ from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
 from portable_spec.core.drafter import Drafter
 from portable_spec.core.spec import SpecError, parse_config
 from portable_spec.core.testing import tiny_drafter, tiny_target
-from portable_spec.training.train import block_predictions
+from portable_spec.training.loss import block_predictions
 
 WINDOW = 8
 MIXED = ["sliding_attention", "full_attention"]

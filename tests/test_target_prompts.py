@@ -9,8 +9,9 @@ from transformers import AutoTokenizer
 
 from portable_spec.core import fixtures
 from portable_spec.core.spec import SpecError
-from portable_spec.training.distill_data import reply_writer
-from portable_spec.training.recipe import RecipeConfig, prepare_prompts
+from portable_spec.training.config import PromptConfig
+from portable_spec.training.prompts import prepare_prompts
+from portable_spec.training.replies import reply_writer
 from portable_spec.training.sharegpt import chat_prompt_ids
 from portable_spec.training.target_prompts import target_written_prompts, user_turn_template
 from portable_spec.training.work_dir import WorkDir
@@ -81,12 +82,12 @@ def test_prompt_stage_adds_them_to_the_train_prompts_only(tmp_path, write):
         {"id": f"c{i}", "conversations": [{"from": "human", "value": f"question {i} about files"}]} for i in range(60)
     ]
     data.write_text(json.dumps(conversations))
-    plain = RecipeConfig(kind="depth_causal", num_prompts=100, heldout_prompts=10, max_prompt_tokens=48)
-    with_target = plain.model_copy(update={"target_prompts": 8, "reply_batch_size": 16})
+    plain = PromptConfig(num_prompts=100, heldout_prompts=10, max_prompt_tokens=48)
+    with_target = plain.model_copy(update={"target_prompts": 8})
     for name in ("plain", "grown"):
         (tmp_path / name).mkdir()  # run_recipe makes the work dir
     base = prepare_prompts(tokenizer, data, tmp_path / "plain", plain)
-    grown = prepare_prompts(tokenizer, data, tmp_path / "grown", with_target, lambda: write)
+    grown = prepare_prompts(tokenizer, data, tmp_path / "grown", with_target, lambda: write, batch=16)
     assert len(grown) == len(base) + 8 and set(map(tuple, base)) < set(map(tuple, grown))
     plain_dir, grown_dir = WorkDir(tmp_path / "plain"), WorkDir(tmp_path / "grown")
     assert plain_dir.heldout_prompts.read_text() == grown_dir.heldout_prompts.read_text()

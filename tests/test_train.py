@@ -1,10 +1,12 @@
 """Training: the loss falls on a learnable signal, checkpoints load, and resuming equals not stopping."""
 
 import torch
+from fixture_training import train_drafter
 
 from portable_spec.core.drafter import load_drafter
+from portable_spec.core.target import drafter_config_for
 from portable_spec.core.testing import tiny_target
-from portable_spec.training.train import TrainConfig, drafter_config_for, train_drafter
+from portable_spec.training.config import TrainConfig
 
 
 def _setup(kind="depth_causal"):
@@ -38,7 +40,7 @@ def test_resume_reproduces_uninterrupted_training(tmp_path):
 
 
 def test_loss_falls_on_predictable_text(tmp_path):
-    from portable_spec.training.train import drafter_loss
+    from portable_spec.training.loss import drafter_loss
 
     target, config, stream = _setup("parallel")
     tokens = stream[:64].view(2, 32)

@@ -36,9 +36,11 @@ from portable_spec.adapters.tensorrt_llm import (  # noqa: E402
 from portable_spec.cli import main  # noqa: E402
 from portable_spec.core.drafter import Drafter  # noqa: E402
 from portable_spec.core.spec import VARIANT_KINDS, SpecError  # noqa: E402
-from portable_spec.core.target import TargetModel  # noqa: E402
+from portable_spec.core.target import (
+    TargetModel,  # noqa: E402
+    drafter_config_for,  # noqa: E402
+)
 from portable_spec.core.testing import save_tiny_pair  # noqa: E402
-from portable_spec.training.train import drafter_config_for  # noqa: E402
 
 TOLERANCE = 1e-4
 

@@ -50,10 +50,10 @@ def test_one_comparison_names_every_changed_setting():
 def test_every_settings_check_uses_the_one_comparison():
     """Issue 46: "refuse a work dir made with other settings" was written six ways."""
     users = {
-        "portable_spec/training/train.py": 3,  # resume: drafter and training config; warm start
-        "portable_spec/training/recipe.py": 1,  # prepared prompts
-        "portable_spec/training/distill_data.py": 1,  # replies
-        "portable_spec/training/feature_cache.py": 1,  # cached features
+        "portable_spec/training/state.py": 3,  # resume: drafter and training config; warm start
+        "portable_spec/training/prompts.py": 1,  # prepared prompts
+        "portable_spec/training/replies.py": 1,  # replies
+        "portable_spec/training/features.py": 1,  # cached features
         "portable_spec/cli/train.py": 1,  # --init-from, before any model loads
     }
     for path, calls in users.items():

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from portable_spec.core.errors import first_line, validation_line
 from portable_spec.core.spec import SpecError
-from portable_spec.training.distributed import MainFailed, RankStopped, error_prefix
+from portable_spec.training.parallel import MainFailed, RankStopped, error_prefix
 
 # subcommand -> module in portable_spec.cli exposing add_arguments(parser) and run(args) -> int
 COMMANDS = {
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _rank_prefix(error: BaseException) -> str | None:
-    """ "" for one process; under torchrun, which rank speaks (training/distributed.error_prefix), None for silence."""
+    """ "" for one process; under torchrun, which rank speaks (training/parallel.error_prefix), None for silence."""
     return None if isinstance(error, MainFailed) else error_prefix()
 
 

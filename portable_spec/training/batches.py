@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from portable_spec.core.target import TargetModel
-from portable_spec.training.feature_cache import FeatureDataset
+from portable_spec.training.features import FeatureDataset
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:

@@ -30,8 +30,8 @@ from portable_spec.core.decode import acceptance_by_position
 from portable_spec.core.drafter import Drafter, load_drafter
 from portable_spec.core.outputs import check_output_dir, results_json, write_dir_atomically
 from portable_spec.core.spec import SpecError
-from portable_spec.training.feature_cache import FeatureDataset
-from portable_spec.training.train import block_predictions
+from portable_spec.training.features import FeatureDataset
+from portable_spec.training.loss import block_predictions
 
 ANCHORS_PER_PASS = 64  # teacher-forced blocks per drafter pass: bounds the dense [A*k, T + A*k] attention mask
 

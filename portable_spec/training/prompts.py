@@ -5,9 +5,12 @@ first turns, whatever the training prompts are, so held-out figures stay compara
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
-from portable_spec.core.spec import SpecError
+from portable_spec.core.outputs import locked
+from portable_spec.core.spec import SpecError, read_json_object
+from portable_spec.training.config import PromptConfig
 from portable_spec.training.sharegpt import (
     Prompt,
     PromptTurns,
@@ -16,6 +19,8 @@ from portable_spec.training.sharegpt import (
     split_prompts,
     turn_prompts,
 )
+from portable_spec.training.target_prompts import Writer, is_target_written, target_written_prompts
+from portable_spec.training.work_dir import WorkDir, changed_settings
 
 LENGTH_WINDOW = 4096  # training prompts are length-sorted within windows this long (see length_bucketed)
 
@@ -91,3 +96,91 @@ def read_prompts(path: Path) -> list[dict]:
     if not isinstance(data, list) or not all(isinstance(p, dict) and isinstance(p.get("ids"), list) for p in data):
         raise SpecError(f"{path}: expected a JSON list of {{'id': str, 'ids': [int, ...]}}")
     return data
+
+
+def prepare_prompts(
+    tokenizer,
+    data_path: Path | None,
+    work_dir: Path,
+    prompts: PromptConfig,
+    target_writer: Callable[[], Writer] | None = None,
+    *,
+    seed: int = 0,
+    batch: int = 64,
+) -> list[list[int]]:
+    """Train prompts (cached in work_dir): the data set's, then `prompts.target_prompts` the target writes
+    (`target_writer()` makes the writer, only then; sampled from `seed`, `batch` a call); the held-out split is written beside them for benchmarks. A
+    prepared work dir is reused only for the settings it was prepared with (else one error naming what changed)."""
+    layout = WorkDir(work_dir)
+    train_file, heldout_file, settings_file = layout.train_prompts, layout.heldout_prompts, layout.prompt_settings
+    settings = prompts.model_dump()
+    if data_path is not None:
+        settings["data"] = Path(data_path).name
+    if not train_file.exists():
+        if data_path is None:
+            raise SpecError(f"{work_dir}: holds no {train_file.name}; pass --data with a ShareGPT-style JSON file")
+        with locked(layout.data_lock, f"--work-dir {work_dir}"):
+            train, heldout = chat_prompt_split(
+                tokenizer,
+                data_path,
+                prompts.max_prompt_tokens,
+                prompts.num_prompts,
+                prompts.heldout_prompts,
+                turns=prompts.prompt_turns,
+                context=prompts.prompt_context,
+                offset=prompts.prompt_offset,
+            )
+            if prompts.target_prompts:
+                if target_writer is None:
+                    raise SpecError("--target-prompts needs the target to write them (no writer was given)")
+                written = target_written_prompts(
+                    tokenizer,
+                    target_writer(),
+                    prompts.target_prompts,
+                    seed=seed,
+                    max_prompt_tokens=prompts.max_prompt_tokens,
+                    batch=batch,
+                )
+                print(f"prompts: the target wrote {len(written)} of {prompts.target_prompts} asked", flush=True)
+                train = length_bucketed(train + written)
+            write_prompts(heldout_file, heldout)
+            settings_file.write_text(json.dumps(settings) + "\n")
+            write_prompts(train_file, train)
+    entries = read_prompts(train_file)
+    from_data = [not is_target_written(entry) for entry in entries]
+    if settings_file.is_file():  # work dirs prepared before the settings were recorded have none
+        _check_prompt_settings(
+            work_dir, read_json_object(settings_file, f"delete {work_dir} to start over"), settings, sum(from_data)
+        )
+    # the first num_prompts of the data set's (fewer than prepared is fine) and every prompt the target wrote
+    kept = [index for index, data in enumerate(from_data) if data][: prompts.num_prompts]
+    kept += [index for index, data in enumerate(from_data) if not data]
+    return [entries[index]["ids"] for index in sorted(kept)]
+
+
+def _check_prompt_settings(work_dir: Path, saved: dict, asked: dict, prepared: int) -> None:
+    keys = [name for name in asked if name != "num_prompts" and name in saved]
+    changed = changed_settings(saved, asked, keys, words=("prepared", "asked"), flags=True)
+    if asked["num_prompts"] > prepared and prepared >= saved.get("num_prompts", prepared):
+        changed.append(f"num-prompts: prepared {prepared}, asked {asked['num_prompts']}")
+    if changed:
+        raise SpecError(
+            f"--work-dir {work_dir}: its prompts were prepared with other settings ({'; '.join(changed)}); "
+            "use a new --work-dir for these, or ask for the prepared ones (fewer --num-prompts is fine)"
+        )
+
+
+def heldout_eval_prompts(work_dir: Path, count: int) -> list[list[int]]:
+    """The first `count` held-out prompts, whose greedy replies measure acceptance while training (none when count
+    is 0 or the work dir holds no held-out split; said when the split is empty)."""
+    heldout_file = WorkDir(work_dir).heldout_prompts
+    if not count or not heldout_file.is_file():
+        return []
+    prompts = [p["ids"] for p in read_prompts(heldout_file)][:count]
+    if not prompts:  # said, not silent: the run then keeps its last drafter, not the best held out (issue 47)
+        print(
+            f"note: {heldout_file} holds no held-out prompt (the data set's conversations all fell in the training "
+            "split): no held-out acceptance is measured and the last drafter is written; use a larger --data, "
+            "or pass --heldout-eval-prompts 0 to say so"
+        )
+    return prompts

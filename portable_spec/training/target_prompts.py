@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from portable_spec.core.spec import SpecError
-from portable_spec.training.distill_data import ReplyConfig
+from portable_spec.training.config import ReplyConfig
+from portable_spec.training.replies import sampling_for
 from portable_spec.training.sharegpt import chat_prompt_ids
 
 MARK = "\u2063PORTABLE_SPEC_USER_TEXT\u2063"  # a string no template contains, to find where the user's text goes
@@ -18,8 +19,8 @@ TEMPERATURE, TOP_P = 1.0, 1.0  # Magpie's sampling: the target's own distributio
 MAX_ROUNDS = 8  # batches of `count` samples tried before giving up on reaching `count` new prompts
 ID_PREFIX = "target-"  # prompt ids: target-<seed>-<n>
 
-# (prompts, max_new_tokens, sample=(ReplyConfig, seed), stop=token id) -> generated ids per prompt, as
-# distill_data's reply writers (HF generate, vLLM)
+# (prompts, max_new_tokens, sample=replies.Sampling, stop=token id) -> generated ids per prompt, as the reply
+# stage's writers (replies.reply_writer: HF generate, vLLM)
 Writer = Callable[..., list[list[int]]]
 
 
@@ -44,13 +45,13 @@ def target_written_prompts(
     """Up to `count` distinct prompts [{"id", "ids"}] the target wrote, with the chat template applied as for any
     prompt; the same (target, seed, count, batch) gives the same prompts."""
     header, close = user_turn_template(tokenizer)
-    sampling = ReplyConfig(temperature=TEMPERATURE, top_p=TOP_P, seed=seed)
+    sampling = ReplyConfig(reply_temperature=TEMPERATURE, reply_top_p=TOP_P, reply_seed=seed)
     seen: set[str] = set()
     prompts: list[dict] = []
     for round_ in range(MAX_ROUNDS * max(1, -(-count // batch))):
         if len(prompts) >= count:
             break
-        written = write([header] * batch, max_prompt_tokens, (sampling, sampling.sample_seed(round_, 1)), close)
+        written = write([header] * batch, max_prompt_tokens, sampling_for(sampling, round_, 1), close)
         for row in written:
             if not row or row[-1] != close:  # not closed within the cap: an unfinished request
                 continue

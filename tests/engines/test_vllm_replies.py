@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from portable_spec.core import fixtures
-from portable_spec.training.distill_data import generate_replies, kv_cache_bytes, load_sequences
+from portable_spec.training.config import ReplyConfig
+from portable_spec.training.replies import generate_replies, kv_cache_bytes, load_sequences
 
 pytestmark = pytest.mark.engine
 
@@ -29,10 +30,11 @@ def _replies(directory) -> list[list[int]]:
 def test_two_vllm_reply_stages_in_one_process_equal_hf(vllm_module, tmp_path):
     target = fixtures.target_dir()
     prompts = [list(range(5, 5 + n)) for n in (7, 12, 20)]
-    options = dict(max_new_tokens=24, shard_size=2, device="cpu", dtype=torch.float32)
-    first = generate_replies(target, prompts, tmp_path / "train", generator="vllm", **options)
-    second = generate_replies(target, prompts[:2], tmp_path / "heldout", generator="vllm", **options)
-    hf = generate_replies(target, prompts, tmp_path / "hf", generator="hf", **options)
+    vllm = ReplyConfig(max_new_tokens=24, reply_batch_size=2, generator="vllm")
+    options = dict(device="cpu", dtype=torch.float32)
+    first = generate_replies(target, prompts, tmp_path / "train", vllm, **options)
+    second = generate_replies(target, prompts[:2], tmp_path / "heldout", vllm, **options)
+    hf = generate_replies(target, prompts, tmp_path / "hf", vllm.model_copy(update={"generator": "hf"}), **options)
     assert _replies(first) == _replies(hf)
     assert _replies(second) == _replies(hf)[:2]
     # what each engine reserved: the batch's fp32 K/V, 64 MiB at least (vLLM's default is 92% of RAM on a CPU)

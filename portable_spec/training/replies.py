@@ -19,44 +19,43 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from portable_spec.core.outputs import write_file_atomically
 from portable_spec.core.spec import SpecError, read_json_object
-from portable_spec.training.distributed import SINGLE, Ranks
+from portable_spec.training.config import Generator, ReplyConfig
+from portable_spec.training.parallel import SINGLE, Ranks
 from portable_spec.training.work_dir import changed_settings
-
-Generator = Literal["auto", "vllm", "hf"]
-
 
 SAMPLING_KEYS = ("replies_per_prompt", "temperature", "top_p", "seed")  # distill.json keys of sampled data
 
 
-class ReplyConfig(BaseModel):
-    """How the target writes its replies beyond the greedy one."""
+@dataclass(frozen=True)
+class Sampling:
+    """One call's sampled replies: temperature, top-p, and the seed the call's RNG starts from."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    temperature: float
+    top_p: float
+    seed: int
 
-    per_prompt: int = Field(1, ge=1, description="Replies per prompt: the greedy one and per_prompt - 1 sampled.")
-    temperature: float = Field(0.8, gt=0, le=10, allow_inf_nan=False, description="Temperature of sampled replies.")
-    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus (top-p) of sampled replies.")
-    seed: int = Field(0, ge=0, lt=2**31, description="Sampled replies are a function of (seed, shard, round).")
-    cache: Literal["dynamic", "static"] = Field("dynamic", description="HF generate's KV cache implementation.")
 
-    def shard_meta(self) -> dict:
-        """What a shard's content depends on (greedy-only data keeps the keys older work dirs recorded)."""
-        if self.per_prompt == 1:
-            return {}
-        return dict(zip(SAMPLING_KEYS, (self.per_prompt, self.temperature, self.top_p, self.seed)))
+def shard_meta(config: ReplyConfig) -> dict:
+    """What a shard's content depends on (greedy-only data keeps the keys older work dirs recorded)."""
+    meta = {"max_new_tokens": config.max_new_tokens, "shard_size": config.reply_batch_size}
+    if config.replies_per_prompt == 1:
+        return meta
+    values = (config.replies_per_prompt, config.reply_temperature, config.reply_top_p, config.reply_seed)
+    return meta | dict(zip(SAMPLING_KEYS, values))
 
-    def sample_seed(self, shard: int, round_: int) -> int:
-        return (self.seed * 1_000_003 + shard * 1009 + round_) % 2**31
+
+def sampling_for(config: ReplyConfig, shard: int, round_: int) -> Sampling:
+    """Sampled round `round_` of shard `shard`: a seed of its own, a function of (reply_seed, shard, round)."""
+    seed = (config.reply_seed * 1_000_003 + shard * 1009 + round_) % 2**31
+    return Sampling(config.reply_temperature, config.reply_top_p, seed)
 
 
 @dataclass
@@ -179,21 +178,20 @@ class _VllmReplies:
         self,
         prompts: list[list[int]],
         max_new_tokens: int,
-        sample: tuple[ReplyConfig, int] | None = None,
+        sample: Sampling | None = None,
         stop: int | None = None,
     ) -> list[list[int]]:
-        """Greedy replies, or with sample=(config, seed) sampled ones (each request seeded by seed + its row);
+        """Greedy replies, or sampled ones (each request seeded by sample.seed + its row);
         ending at the model's EOS, or at `stop` (kept as the last token)."""
         stops = {} if stop is None else {"stop_token_ids": [stop], "include_stop_str_in_output": True}
         if sample is None:
             params = [self.sampling_params(temperature=0.0, max_tokens=max_new_tokens, **stops)] * len(prompts)
         else:
-            config, seed = sample
             params = [
                 self.sampling_params(
-                    temperature=config.temperature,
-                    top_p=config.top_p,
-                    seed=seed + row,
+                    temperature=sample.temperature,
+                    top_p=sample.top_p,
+                    seed=sample.seed + row,
                     max_tokens=max_new_tokens,
                     **stops,
                 )
@@ -219,10 +217,10 @@ class _HfReplies:
         self,
         prompts: list[list[int]],
         max_new_tokens: int,
-        sample: tuple[ReplyConfig, int] | None = None,
+        sample: Sampling | None = None,
         stop: int | None = None,
     ) -> list[list[int]]:
-        """Greedy replies, or with sample=(config, seed) sampled ones (the RNG seeded for this call only); ending at
+        """Greedy replies, or sampled ones (the RNG seeded with sample.seed for this call only); ending at
         the model's EOS, or at `stop` (kept as the last token)."""
         end = self.eos if stop is None else stop
         width = max(len(p) for p in prompts)
@@ -233,12 +231,11 @@ class _HfReplies:
             mask[row, width - len(prompt) :] = 1
         options = {"do_sample": False}
         if sample is not None:
-            config, _ = sample
-            options = {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
+            options = {"do_sample": True, "temperature": sample.temperature, "top_p": sample.top_p, "top_k": 0}
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices, device_type=self.device.type):
             if sample is not None:
-                torch.manual_seed(sample[1])
+                torch.manual_seed(sample.seed)
             out = self.model.generate(
                 input_ids=ids.to(self.device),
                 attention_mask=mask.to(self.device),
@@ -267,7 +264,7 @@ def reply_writer(
 ) -> Callable[..., list[list[int]]]:
     """The target writing continuations (`kind` from pick_generator) for up to `max_num_seqs` prompts a call, each
     at most `max_model_len` tokens with its continuation: called as (prompts, max_new_tokens,
-    sample=None | (ReplyConfig, seed), stop=None | token id) -> generated ids per prompt."""
+    sample=None | Sampling, stop=None | token id) -> generated ids per prompt."""
     if kind == "vllm":
         return _VllmReplies(target_dir, max_model_len, max_num_seqs)
     return _HfReplies(target_dir, device, dtype, cache)
@@ -277,26 +274,22 @@ def generate_replies(
     target_dir: Path,
     prompts: list[list[int]],
     out_dir: Path,
+    replies: ReplyConfig = ReplyConfig(),
     *,
-    max_new_tokens: int = 256,
-    shard_size: int = 64,
-    generator: Generator = "auto",
     device: str = "cpu",
     dtype: torch.dtype = torch.float32,
     lock: Callable[[], AbstractContextManager] = nullcontext,
-    replies: ReplyConfig | None = None,
     ranks: Ranks = SINGLE,
     may_generate: bool = True,
 ) -> Path:
-    """Replies for `prompts` (greedy; plus sampled ones per `replies`), shard by shard into out_dir; finished shards
-    are kept, so reruns resume. `lock()` is held while there is work to do (a run that finds every shard done
-    takes no lock). With several ranks each makes its share of the missing shards (the caller waits for all);
-    with may_generate False, missing shards are refused."""
-    replies = replies or ReplyConfig()
+    """Replies for `prompts` (greedy; plus sampled ones per `replies`), shard by shard (reply_batch_size prompts
+    each) into out_dir; finished shards are kept, so reruns resume. `lock()` is held while there is work to do (a
+    run that finds every shard done takes no lock). With several ranks each makes its share of the missing shards
+    (the caller waits for all); with may_generate False, missing shards are refused."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     meta_file = out_dir / "distill.json"
-    meta = {"max_new_tokens": max_new_tokens, "shard_size": shard_size, **replies.shard_meta()}
+    meta, shard_size = shard_meta(replies), replies.reply_batch_size
     if meta_file.exists():
         previous = read_json_object(meta_file, f"delete {out_dir} to regenerate the replies")
         keys = sorted(set(meta) | (set(SAMPLING_KEYS) & set(previous)))
@@ -313,7 +306,7 @@ def generate_replies(
     todo = [
         (i, chunk)
         for i, chunk in shards
-        if not _shard_done(out_dir / f"shard-{i:05d}.safetensors", chunk, replies.per_prompt)
+        if not _shard_done(out_dir / f"shard-{i:05d}.safetensors", chunk, replies.replies_per_prompt)
     ]
     if not todo:
         return out_dir
@@ -329,8 +322,8 @@ def generate_replies(
             write_file_atomically(meta_file, lambda tmp: tmp.write_text(text))
         mine = ranks.share(todo)
         if mine:
-            kind = pick_generator(generator, ranks)
-            _generate_shards(target_dir, prompts, out_dir, mine, max_new_tokens, kind, device, dtype, replies)
+            kind = pick_generator(replies.generator, ranks)
+            _generate_shards(target_dir, prompts, out_dir, mine, kind, device, dtype, replies)
     return out_dir
 
 
@@ -339,32 +332,31 @@ def _generate_shards(
     prompts: list[list[int]],
     out_dir: Path,
     todo: list,
-    max_new_tokens: int,
     kind: str,
     device: str,
     dtype: torch.dtype,
     replies: ReplyConfig,
 ) -> None:
+    max_new_tokens, per_prompt = replies.max_new_tokens, replies.replies_per_prompt
     longest = max(len(p) for p in prompts) + max_new_tokens
-    replies_for = reply_writer(target_dir, kind, device, dtype, longest, max(len(c) for _, c in todo), replies.cache)
+    batch = max(len(c) for _, c in todo)
+    replies_for = reply_writer(target_dir, kind, device, dtype, longest, batch, replies.reply_cache)
     bar = tqdm(
         total=len(prompts), initial=len(prompts) - sum(len(c) for _, c in todo), unit="prompt", desc=f"distill ({kind})"
     )
     made_prompts, made_tokens, began = 0, 0, time.perf_counter()
     for index, chunk in todo:
         written = replies_for(chunk, max_new_tokens)
-        for round_ in range(1, replies.per_prompt):
-            written += replies_for(chunk, max_new_tokens, (replies, replies.sample_seed(index, round_)))
-        _write_shard(
-            out_dir / f"shard-{index:05d}.safetensors", Sequences.from_lists(chunk * replies.per_prompt, written)
-        )
+        for round_ in range(1, per_prompt):
+            written += replies_for(chunk, max_new_tokens, sampling_for(replies, index, round_))
+        _write_shard(out_dir / f"shard-{index:05d}.safetensors", Sequences.from_lists(chunk * per_prompt, written))
         made_prompts, made_tokens = made_prompts + len(chunk), made_tokens + sum(len(r) for r in written)
         bar.update(len(chunk))
         bar.set_postfix(tokens=made_tokens)
     bar.close()
     seconds = time.perf_counter() - began
     print(
-        f"replies ({kind}, {replies.per_prompt} per prompt): {made_prompts} prompts, {made_tokens} reply tokens in "
+        f"replies ({kind}, {per_prompt} per prompt): {made_prompts} prompts, {made_tokens} reply tokens in "
         f"{seconds:.1f} s: {made_prompts / seconds:.1f} prompts/s, {made_tokens / seconds:.0f} reply tokens/s",
         flush=True,
     )
