@@ -500,6 +500,22 @@ CASES = [
     Case("train --replies-per-prompt 0", TRAIN + ("--replies-per-prompt", "0"), expect=r"--replies-per-prompt 0: "),
     Case("train --eval-every 0", TRAIN + ("--eval-every", "0"), expect=r"--eval-every 0\.0: Input should be greater"),
     Case("train --reply-seed -1", TRAIN + ("--reply-seed", "-1"), expect=r"--reply-seed -1: "),
+    # dflash2's own sizes (issue 45)
+    Case(
+        "train --kind parallel --selector-rank 8",
+        TRAIN + ("--selector-rank", "8"),
+        expect=r"--selector-rank 8: only a dflash2 drafter has it",
+    ),
+    Case(
+        "train --kind dflash2 --draft-vocab-size 64",
+        TRAIN[:4] + ("dflash2",) + TRAIN[5:] + ("--draft-vocab-size", "64"),
+        expect=r"--draft-vocab-size 64: a dflash2 drafter scores the full vocabulary",
+    ),
+    Case(
+        "train --kind dflash2 --conv-group-size 48 (the fixture target is 256 wide)",
+        TRAIN[:4] + ("dflash2",) + TRAIN[5:] + ("--conv-group-size", "48"),
+        expect=r"--conv-group-size 48 does not divide the target's hidden_size=256",
+    ),
     # --config: a run file (issue 46)
     Case("train --config A_FILE (not JSON)", TRAIN + ("--config", "{file}"), expect=r"file\.txt: not valid JSON"),
     Case(
@@ -608,7 +624,11 @@ CASES = [
                 "a sliding window of 2**63 positions",
                 r"sliding_window=9223372036854775808 is past 2147483647.*cannot be imported",
             ),
-            ("up_dflash2", "a DFlash2 architecture", r"architectures = \[\"DFlash2DraftModel\"\] is DFlash2"),
+            (
+                "up_dflash2",
+                "a DFlash2 architecture without its convolution size",
+                r"dflash_config\.conv_kernel_size = null must be a whole number: z-lab's DFlash2DraftModel reads it",
+            ),
             ("up_unknown_key", "an unknown dflash_config switch", r"dflash_config\.gate_mode = .*not a DFlash switch"),
             (
                 "up_scaled",

@@ -20,12 +20,14 @@ from portable_spec.core.backends import BACKENDS, ReferenceBackend, get_backend,
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
 from portable_spec.core.outputs import OUTPUT_MARKER  # noqa: E402
 from portable_spec.core.proposer import TorchProposer  # noqa: E402
-from portable_spec.core.spec import VARIANT_KINDS, SpecError  # noqa: E402
+from portable_spec.core.spec import SpecError  # noqa: E402
 from portable_spec.core.target import TargetModel  # noqa: E402
 from portable_spec.core.testing import save_tiny_pair, tiny_target  # noqa: E402
 
 TOLERANCE = 1e-4
 BLOCK = 8  # tiny_drafter's block_size
+
+KINDS = OnnxBackend.kinds_supported  # dflash2's selector is not in the graph (refused: test below)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -38,7 +40,7 @@ def pairs(tmp_path_factory) -> dict[str, tuple[Path, Path, Path]]:
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("onnx")
     out = {}
-    for kind in VARIANT_KINDS:
+    for kind in KINDS:
         target_dir, drafter_dir = save_tiny_pair(root / kind, kind)
         out[kind] = (target_dir, drafter_dir, export_onnx(drafter_dir, target_dir, root / kind / "graph"))
     torch.set_num_threads(previous)
@@ -61,7 +63,7 @@ def assert_no_output(out: Path) -> None:
     assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")], "temp dir left behind"
 
 
-@pytest.mark.parametrize("kind", VARIANT_KINDS)
+@pytest.mark.parametrize("kind", KINDS)
 def test_block_logits_match_reference(pairs, kind):
     target_dir, drafter_dir, graph_dir = pairs[kind]
     inputs = block_inputs()
@@ -95,7 +97,7 @@ class RecordingProposer:
         return self.inner.passes_per_round(num_drafts)
 
 
-@pytest.mark.parametrize("kind", VARIANT_KINDS)
+@pytest.mark.parametrize("kind", KINDS)
 def test_greedy_tokens_identical(pairs, kind):
     """Every round's drafts equal the reference proposer's; emitted tokens equal autoregressive decoding."""
     target_dir, drafter_dir, graph_dir = pairs[kind]
@@ -124,7 +126,7 @@ def test_backend_generate_and_on_the_fly_export(pairs):
     )
 
 
-@pytest.mark.parametrize("kind", VARIANT_KINDS)
+@pytest.mark.parametrize("kind", KINDS)
 def test_short_blocks(pairs, kind):
     """Causal blocks shorter than k are exact (padding is never attended); parallel blocks must be k."""
     target_dir, drafter_dir, graph_dir = pairs[kind]
@@ -230,3 +232,12 @@ def test_onnx_decoding_is_its_own_in_the_report():
     """The ONNX backend shares the reference's target and verifier but drafts with its graph: the suite checks its
     generate and acceptance (they are not marked as inherited)."""
     assert set(inherited_components(OnnxBackend())) == {"verify", "target_forward"}
+
+
+def test_a_dflash2_drafter_is_refused_by_name(tmp_path):
+    """Its drafts come from the candidate selector after the block logits, which the graph does not hold."""
+    target_dir, drafter_dir = save_tiny_pair(tmp_path, "dflash2")
+    with pytest.raises(SpecError, match="variant=dflash2: the ONNX graph returns block logits"):
+        export_onnx(drafter_dir, target_dir, tmp_path / "graph")
+    assert_no_output(tmp_path / "graph")
+    assert "dflash2" not in KINDS

@@ -8,7 +8,7 @@ import pytest
 
 from portable_spec.core import real_assets
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.core.spec import VARIANT_KINDS
+from portable_spec.core.real_assets import SHIPPED_KINDS
 
 pytestmark = [
     pytest.mark.real_target,
@@ -34,12 +34,12 @@ def prompts():
 
 
 def test_shipped_drafters_are_bound_to_the_converted_target(target):
-    for kind in VARIANT_KINDS:
+    for kind in SHIPPED_KINDS:
         drafter = target.load_drafter(real_assets.drafter_dir(kind))  # fingerprint checked here
         assert drafter.config.target.model_id == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-@pytest.mark.parametrize("kind", VARIANT_KINDS)
+@pytest.mark.parametrize("kind", SHIPPED_KINDS)
 def test_greedy_output_equals_plain_decoding(target, prompts, kind):
     config = GenerationConfig(max_new_tokens=NEW_TOKENS, num_draft_tokens=7)
     plain = SpeculativeDecoder(target).generate(prompts, config)
@@ -48,7 +48,7 @@ def test_greedy_output_equals_plain_decoding(target, prompts, kind):
     assert spec.stats.acceptance_length > 1.0  # drafts are accepted, not only corrected (bench: tau 1.27-1.49)
 
 
-@pytest.mark.parametrize("kind", VARIANT_KINDS)
+@pytest.mark.parametrize("kind", SHIPPED_KINDS)
 def test_seeded_sampling_repeats_and_is_batch_invariant(target, prompts, kind):
     drafter = target.load_drafter(real_assets.drafter_dir(kind))
     config = GenerationConfig(

@@ -20,7 +20,7 @@ from portable_spec.core.outputs import OUTPUT_MARKER
 
 pytest.importorskip("onnxruntime")
 
-from portable_spec.adapters.onnx import OnnxDrafterGraph  # noqa: E402
+from portable_spec.adapters.onnx import OnnxBackend, OnnxDrafterGraph  # noqa: E402
 from portable_spec.adapters.tensorrt_llm import (  # noqa: E402
     DRAFT_DIR,
     LLM_API_OPTIONS_FILE,
@@ -155,6 +155,16 @@ def test_dflash_route_refuses_autoregressive(pairs, tmp_path, version, route):
     assert_no_output(tmp_path / "out")
 
 
+@pytest.mark.parametrize("route", ["auto", "dflash", "onnx"])
+def test_every_route_refuses_dflash2(pairs, tmp_path, route):
+    """Neither TensorRT-LLM's DFlash mode, portable-spec's builder nor the ONNX graph runs DFlash2's convolutions
+    and candidate selector: refused by name, nothing written."""
+    target, drafter = load(pairs, "dflash2")
+    with pytest.raises(SpecError, match="dflash2"):
+        export_for_trtllm(target, drafter, tmp_path / "out", ExportRequest("1.4.0", route=route))
+    assert_no_output(tmp_path / "out")
+
+
 def test_dflash_route_depth_causal_needs_the_builder_registry(pairs, tmp_path):
     """depth_causal runs in DFlash mode only through plugin.py (TensorRT-LLM >= 1.4); 1.3 is refused, naming both."""
     target, drafter = load(pairs, "depth_causal")
@@ -193,7 +203,7 @@ def test_trtllm_1_2_has_no_dflash(pairs, tmp_path):
     assert_no_output(tmp_path / "out")
 
 
-@pytest.mark.parametrize("kind", VARIANT_KINDS)
+@pytest.mark.parametrize("kind", OnnxBackend.kinds_supported)
 def test_onnx_route(pairs, tmp_path, kind):
     """Any variant, any version: the TensorRT-builder graph runs in onnxruntime like the torch drafter."""
     target, drafter = load(pairs, kind)

@@ -84,3 +84,33 @@ def test_a_misread_window_or_block_attention_fails_its_row(workspace, package, n
     misread = UpstreamCase(**{**case.__dict__, "import_options": wrong})
     with pytest.raises(CheckFailed, match="differ from the upstream's own forward"):
         _block_check(_context(workspace), misread)
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize(
+    "broken,match",
+    [
+        ("conv", "differ from the upstream's own forward"),  # the convolutions' taps along the block
+        ("selector", "selector drafts"),  # the bigram scores of the candidate selector
+    ],
+)
+def test_a_dflash2_port_that_drops_a_piece_fails_its_row(workspace, monkeypatch, broken, match):
+    """The DFlash2 rows tell the pieces apart: without the convolution's second tap the logits differ from z-lab's;
+    without the selector's bigram term (plain top-1 drafts) the drafts do."""
+    _needs("dflash")
+    from portable_spec.core import drafter_layers, selector
+
+    case = next(c for c in CASES if c.name == "dflash2_b8")
+    if broken == "conv":
+        original = drafter_layers.grouped_causal_convolve
+        monkeypatch.setattr(
+            drafter_layers,
+            "grouped_causal_convolve",
+            lambda h, dynamic, base, group_size: original(h, dynamic[..., :1, :], base[:1], group_size),
+        )
+    else:
+        monkeypatch.setattr(
+            selector.CandidateSelector, "transition_scores", lambda self, projected, prev, cands: cands * 0.0
+        )
+    with pytest.raises(CheckFailed, match=match):
+        _block_check(_context(Workspace(workspace.root / f"broken-{broken}")), case)

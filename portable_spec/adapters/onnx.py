@@ -25,7 +25,7 @@ from portable_spec.core.decode import SpeculativeDecoder
 from portable_spec.core.drafter import greedy_drafts
 from portable_spec.core.spec import DrafterConfig, SpecError
 from portable_spec.core.target import TargetModel
-from portable_spec.core.variants import behaviour_of
+from portable_spec.core.variants import VARIANTS, behaviour_of
 
 
 class OnnxDrafterGraph:
@@ -111,6 +111,8 @@ class OnnxBackend(DecoderBackend):
     """Drafting in onnxruntime from the exported graph; `drafter_dir` is a graph dir or a checkpoint to export."""
 
     name = "onnx"
+    # the graph returns block logits; a candidate selector's picks after them are not in it (onnx_export refuses)
+    kinds_supported = tuple(kind for kind, behaviour in VARIANTS.items() if not behaviour.candidate_selector)
 
     def __init__(self) -> None:
         self._graphs: dict[tuple[str, str], OnnxDrafterGraph] = {}

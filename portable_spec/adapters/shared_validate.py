@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 from portable_spec.core.spec import DrafterConfig, SpecError, is_drafter_config, parse_config
-from portable_spec.core.variants import behaviour_of, single_pass_kinds
+from portable_spec.core.variants import behaviour_of, dflash_shaped_kinds
 
-ENGINE_KINDS = single_pass_kinds()  # what an engine's DFlash proposer runs: one drafter pass per round
+ENGINE_KINDS = dflash_shaped_kinds()  # what an engine's DFlash proposer runs: one DFlash-shaped pass per round
 
 
 def portable_config_of(config_json: bytes | str | None, source: str) -> DrafterConfig | None:
@@ -43,6 +43,13 @@ def check_servable(
             f"per round over [anchor, MASK...], and an {config.kind} drafter needs one pass per draft token fed its "
             f"own drafts. fix: serve a {' or '.join(ENGINE_KINDS)} drafter with {engine}, or run this one with "
             "`portable-spec generate` (reference and ONNX backends)"
+        )
+    if not behaviour_of(config.kind).dflash_shaped:
+        raise SpecError(
+            f"{source}: variant {config.kind!r} has no {engine} route through portable-spec yet: its convolutions "
+            f"and candidate selector are not DFlash's layers, so {engine}'s {proposer} cannot run it as a "
+            f"portable checkpoint ({engine}'s own {config.variant.engine_architecture} class reads z-lab and "
+            "speculators checkpoints). fix: run it with `portable-spec generate` (reference backend)"
         )
     refuse_anchor_windows(config, source, engine)
     if not own_embeddings:

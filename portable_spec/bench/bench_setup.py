@@ -30,22 +30,23 @@ class BenchSetup:
 
 def load_setup(
     which: str,
-    kinds: tuple[str, ...] = VARIANT_KINDS,
+    kinds: tuple[str, ...] | None = None,
     device: str = "cpu",
     drafter_dirs: dict[str, Path] | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> BenchSetup:
-    """The target on `device` in `dtype` and its drafters (in the same dtype): the shipped ones of `kinds`, or
-    `drafter_dirs` (row name -> checkpoint directory) instead, e.g. freshly trained drafters beside the shipped ones."""
+    """The target on `device` in `dtype` and its drafters (in the same dtype): the shipped ones of `kinds` (default:
+    every kind shipped for it), or `drafter_dirs` (row name -> checkpoint directory) instead, e.g. freshly trained
+    drafters beside the shipped ones."""
 
-    def drafters_for(target: TargetModel, shipped) -> dict[str, Drafter]:
-        dirs = drafter_dirs if drafter_dirs else {kind: shipped(kind) for kind in kinds}
+    def drafters_for(target: TargetModel, shipped, shipped_kinds) -> dict[str, Drafter]:
+        dirs = drafter_dirs if drafter_dirs else {kind: shipped(kind) for kind in kinds or shipped_kinds}
         return {name: target.load_drafter(path).to(device) for name, path in dirs.items()}
 
     if which == "fixture":
         target = TargetModel.load(fixtures.target_dir(), dtype=dtype)
         target.model.to(device)
-        drafters = drafters_for(target, fixtures.drafter_dir)
+        drafters = drafters_for(target, fixtures.drafter_dir, VARIANT_KINDS)
         return BenchSetup(
             which,
             target,
@@ -58,7 +59,7 @@ def load_setup(
 
     target = TargetModel.load(fetch_target(which), dtype=dtype, tokenizer=True)
     target.model.to(device)
-    drafters = drafters_for(target, real_assets.drafter_dir)
+    drafters = drafters_for(target, real_assets.drafter_dir, real_assets.SHIPPED_KINDS)
     eos = target.tokenizer.eos_token_id
     return BenchSetup(
         which,

@@ -16,7 +16,7 @@ from portable_spec.cli.devices import DTYPES, check_device
 from portable_spec.core.drafter import Drafter
 from portable_spec.core.matmul_layout import LayoutTable
 from portable_spec.core.outputs import claim_output_dir, mark_output_dir, results_json, write_file_atomically
-from portable_spec.core.spec import SpecError
+from portable_spec.core.spec import VARIANT_KINDS, SpecError
 
 BLOCK_SIZES = (4, 8, 16)
 BENCH_FILES = ("benchmarks.md", "benchmarks.json", "benchmarks.png")
@@ -157,23 +157,24 @@ def bench_inputs(args: argparse.Namespace) -> tuple[Path, ...]:
     """What a benchmark reads: the target's directory and every drafter checkpoint (no --out may touch them)."""
     from portable_spec.core import fixtures, real_assets
     from portable_spec.core.real_target import converted_dir
-    from portable_spec.core.spec import VARIANT_KINDS
 
     if args.target == "fixture":
-        target, shipped = fixtures.target_dir(), fixtures.drafter_dir
+        target, shipped, kinds = fixtures.target_dir(), fixtures.drafter_dir, VARIANT_KINDS
     else:
-        target, shipped = converted_dir(args.target), real_assets.drafter_dir
-    drafters = _drafter_dirs(args) or {kind: shipped(kind) for kind in VARIANT_KINDS}
+        target, shipped, kinds = converted_dir(args.target), real_assets.drafter_dir, real_assets.SHIPPED_KINDS
+    drafters = _drafter_dirs(args) or {kind: shipped(kind) for kind in kinds}
     return (target, *drafters.values())
 
 
 def _check_block_sizes(args: argparse.Namespace) -> None:
     """--block-sizes within every benchmarked drafter's block (read from the checkpoints, before any model loads)."""
     from portable_spec.core import fixtures, real_assets
-    from portable_spec.core.spec import VARIANT_KINDS, read_config
+    from portable_spec.core.spec import read_config
 
-    shipped = fixtures.drafter_dir if args.target == "fixture" else real_assets.drafter_dir
-    dirs = _drafter_dirs(args) or {kind: shipped(kind) for kind in VARIANT_KINDS}
+    fixture = args.target == "fixture"
+    shipped = fixtures.drafter_dir if fixture else real_assets.drafter_dir
+    kinds = VARIANT_KINDS if fixture else real_assets.SHIPPED_KINDS
+    dirs = _drafter_dirs(args) or {kind: shipped(kind) for kind in kinds}
     blocks = {name: read_config(path).block_size for name, path in dirs.items()}
     smallest = min(blocks.values())
     for block in args.block_sizes:

@@ -10,7 +10,8 @@ import torch
 from portable_spec.bench.bench_setup import TARGET_CHOICES, device_name, load_setup, param_count
 from portable_spec.bench.evaluate import compare, format_table, grid
 from portable_spec.core.matmul_layout import LayoutTable
-from portable_spec.core.spec import VARIANT_KINDS, SpecError
+from portable_spec.core.real_assets import SHIPPED_KINDS
+from portable_spec.core.spec import SpecError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(product of its probabilities); off by default.",
     )
     parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--kinds", nargs="+", default=list(VARIANT_KINDS), choices=VARIANT_KINDS)
+    parser.add_argument(
+        "--kinds", nargs="+", default=None, choices=SHIPPED_KINDS, help="Default: every shipped drafter's kind."
+    )
     parser.add_argument("--no-hf", action="store_true", help="Skip the HF generate / prompt-lookup rows.")
 
 

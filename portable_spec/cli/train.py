@@ -183,6 +183,30 @@ def check_reply_length(target_dir: Path, replies: ReplyConfig, prompts: PromptCo
         )
 
 
+def check_dflash2_sizes(target_dir: Path, shape: DrafterShape) -> None:
+    """A dflash2's convolution groups divide the drafter's width (the target's) and its selector's top-k fits the
+    vocabulary: read from the target's config.json, before the weights load (spec.DrafterConfig says the same)."""
+    from portable_spec.core.spec import DFlash2Variant
+    from portable_spec.core.target_checks import check_target_dir
+
+    if shape.kind != DFlash2Variant.model_fields["kind"].default:
+        return
+    config = check_target_dir(Path(target_dir))
+    variant = DFlash2Variant(**shape.variant_options())
+    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
+    if hidden and hidden % variant.conv_group_size:
+        raise SpecError(
+            f"--conv-group-size {variant.conv_group_size} does not divide the target's hidden_size={hidden}; pick a "
+            "divisor"
+        )
+    if vocab and variant.selector_top_k > vocab:
+        raise SpecError(f"--selector-top-k {variant.selector_top_k} exceeds the target's vocab_size={vocab}")
+    if variant.conv_kernel_size > shape.block_size:
+        raise SpecError(
+            f"--conv-kernel-size {variant.conv_kernel_size} is wider than --block-size {shape.block_size}; use fewer"
+        )
+
+
 def _check_outputs(args: argparse.Namespace, run: TrainRun) -> None:
     """What the run writes is free to write (rank 0 checks for every rank: the others would see its locks)."""
     check_paths(args, run)
@@ -237,6 +261,7 @@ def _train(args: argparse.Namespace, run: TrainRun, device, ranks: parallel.Rank
     parallel.barrier(ranks)
     target_dir = resolve_target(run.target)
     check_reply_length(target_dir, run.replies, run.prompts)  # before the weights load
+    check_dflash2_sizes(target_dir, run.drafter)
     layout, name = WorkDir(args.work_dir), Path(args.out).name
     if run.eval.active:
         check_resumed_evaluation(

@@ -53,7 +53,7 @@ class Workspace:
         with torch.random.fork_rng(devices=[]):  # tiny_target seeds the global RNG; leave it as it was
             target = tiny_target(seed=0)
             target.model.save_pretrained(self.root / "tiny-target")
-            for kind in VARIANT_KINDS:
+            for kind in VARIANT_KINDS:  # every kind, dflash2 included: random tiny drafters need no training
                 tiny_drafter(target, kind).save(self.root / f"tiny-drafter-{kind}")
         return self.root / "tiny-target"
 

@@ -15,6 +15,7 @@ from torch import nn
 from portable_spec.core.attention import BlockMask, anchor_window_mask, window_mask, within_block_mask
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
 from portable_spec.core.drafter_layers import DrafterLayer, rotary_cos_sin, rotary_frequencies
+from portable_spec.core.selector import CandidateSelector
 from portable_spec.core.spec import DrafterConfig, LayerAttention, SpecError
 from portable_spec.core.variants import behaviour_of
 
@@ -38,7 +39,8 @@ class Drafter(nn.Module):
         self.fc = nn.Linear(config.feature_size, config.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.layers = nn.ModuleList(
-            DrafterLayer(config, shift_mix=self.behaviour.shift_mix) for _ in range(config.num_hidden_layers)
+            DrafterLayer(config, self.behaviour.shift_mix, self.behaviour.sublayer_conv)
+            for _ in range(config.num_hidden_layers)
         )
         self.norm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary = rotary_frequencies(config)  # not a buffer: float32 whatever dtype the drafter is cast to
@@ -47,6 +49,11 @@ class Drafter(nn.Module):
         if config.own_embeddings:  # saved with the drafter (vLLM's names: embed_tokens, lm_head)
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
             self.lm_head = nn.Linear(config.hidden_size, config.scored_vocab_size, bias=False)
+        if self.behaviour.candidate_selector:  # DFlash2: drafts picked slot after slot from each slot's top-k
+            variant = config.variant
+            self.candidate_selector = CandidateSelector(
+                config.vocab_size, config.hidden_size, variant.selector_rank, variant.selector_top_k
+            )
         self.shared: SharedTargetModules | None = None  # the target's modules, given by TargetModel.bind
         self._head_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -176,6 +183,10 @@ class Drafter(nn.Module):
         # A block with bidirectional layers needs every trained slot (slots see later ones); a causal one is exact
         # when cut.
         width = num_drafts + 1 if self.config.block_causal else self.config.block_size
+        if self.behaviour.candidate_selector:
+            return self._selected_drafts(
+                context, context_valid, anchor_tokens, anchor_positions, num_drafts, width, context_positions
+            )
 
         def run(block):
             k = block.shape[-1]
@@ -183,6 +194,24 @@ class Drafter(nn.Module):
             return self.block_logits(block, positions, context, context_valid, context_positions)
 
         return greedy_drafts(run, self.config, anchor_tokens, num_drafts, width)
+
+    def _selected_drafts(
+        self, context, context_valid, anchor_tokens, anchor_positions, num_drafts, width, context_positions
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """DFlash2: one pass over [anchor, MASK...], then the candidate selector picks the drafts slot after slot
+        (selector.py); the selector's probability of each pick serves confidence cuts."""
+        block = torch.full(
+            (anchor_tokens.shape[0], 1, width),
+            self.config.mask_token_id,
+            dtype=torch.int64,
+            device=anchor_tokens.device,
+        )
+        block[:, 0, 0] = anchor_tokens
+        positions = anchor_positions[:, None, None] + torch.arange(width, device=block.device)
+        hidden = self.block_hidden(block, positions, context, context_valid, context_positions)[
+            :, 0, 1 : num_drafts + 1
+        ]
+        return self.candidate_selector.select(hidden, self.scored_logits(hidden), anchor_tokens)
 
     # -- persistence -----------------------------------------------------------------------------
     def save(self, out_dir: Path, force: bool = False, owner: str | None = None) -> Path:

@@ -128,14 +128,62 @@ class ShiftMix(nn.Module):
         return self(blocks).view(padded.shape[0], hidden)[:count]
 
 
+def grouped_causal_convolve(
+    h: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """DFlash2's convolution along each block (z-lab `dflash` 0.1.0 `_grouped_dynamic_convolve`; speculators 0.9.0
+    `grouped_dynamic_conv`): h [..., k, H], dynamic [..., k, K, G] (per slot, tap and channel group), base [K, H]
+    -> out_j = sum_t (base[t] + dynamic[j, t]) * h_{j-t}, with h_{j-t} = 0 before the block's first slot."""
+    *lead, k, hidden = h.shape
+    taps, groups = base.shape[0], hidden // group_size
+    blocks = h.reshape(*lead, k, groups, group_size)
+    out = torch.zeros_like(blocks)
+    for tap in range(taps):
+        shifted = blocks if tap == 0 else F.pad(blocks[..., : max(k - tap, 0), :, :], (0, 0, 0, 0, min(tap, k), 0))
+        coefficient = base[tap].to(h.dtype).view(groups, group_size) + dynamic[..., tap, :, None]
+        out = out + coefficient * shifted
+    return out.view_as(h)
+
+
+class GroupedDynamicCausalConv(nn.Module):
+    """DFlash2's `GroupedDynamicCausalConv` around one sublayer: `prepare` convolves the sublayer's input and keeps
+    the output-side kernel, computed from the same input; `finish` convolves the sublayer's output with it. Both
+    start as the identity (speculators 0.9.0 `reset_parameters`: base tap 0 = 1, the projection 0), so a new
+    dflash2 drafter starts as DFlash."""
+
+    def __init__(self, hidden_size: int, kernel_size: int, group_size: int) -> None:
+        super().__init__()
+        self.kernel_size, self.group_size, self.groups = kernel_size, group_size, hidden_size // group_size
+        base = torch.zeros(2, kernel_size, hidden_size)
+        base[:, 0] = 1.0
+        self.base_kernel = nn.Parameter(base)
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.groups, bias=False)
+        nn.init.zeros_(self.kernel_projection.weight)
+
+    def prepare(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [..., k, H] -> (h convolved, the output-side dynamic kernel [..., k, K, G])."""
+        dynamic = self.kernel_projection(h).view(*h.shape[:-1], 2, self.kernel_size, self.groups)
+        convolved = grouped_causal_convolve(h, dynamic[..., 0, :, :], self.base_kernel[0], self.group_size)
+        return convolved, dynamic[..., 1, :, :]
+
+    def finish(self, h: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
+        return grouped_causal_convolve(h, dynamic, self.base_kernel[1], self.group_size)
+
+
 class DrafterLayer(nn.Module):
-    def __init__(self, config: DrafterConfig, shift_mix: bool) -> None:
+    def __init__(self, config: DrafterConfig, shift_mix: bool, sublayer_conv: bool = False) -> None:
         super().__init__()
         self.shift_mix = ShiftMix(config.hidden_size) if shift_mix else None
         self.input_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.self_attn = DrafterAttention(config)
         self.post_attention_layernorm = nn.RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = DrafterMLP(config)
+        if sublayer_conv:  # DFlash2: a convolution along the block around each sublayer
+            size, taps, group = config.hidden_size, config.variant.conv_kernel_size, config.variant.conv_group_size
+            self.attention_conv = GroupedDynamicCausalConv(size, taps, group)
+            self.mlp_conv = GroupedDynamicCausalConv(size, taps, group)
+        else:
+            self.attention_conv = self.mlp_conv = None
 
     def forward(self, h, cos, sin, context_k, context_v, mask: BlockMask):
         """h [B, A, k, H] -> [B, A, k, H]; the A*k block slots are the queries."""
@@ -143,6 +191,16 @@ class DrafterLayer(nn.Module):
             h = self.shift_mix(h)
         shape = h.shape
         x = h.reshape(shape[0], -1, shape[-1])
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, context_k, context_v, mask)
-        x = x + self.mlp(self.post_attention_layernorm(x))
+        attend = lambda y: self.self_attn(y, cos, sin, context_k, context_v, mask)  # noqa: E731
+        x = x + self._around(self.attention_conv, attend, self.input_layernorm(x), shape)
+        x = x + self._around(self.mlp_conv, self.mlp, self.post_attention_layernorm(x), shape)
         return x.view(shape)
+
+    @staticmethod
+    def _around(conv: GroupedDynamicCausalConv | None, sublayer, x: torch.Tensor, shape) -> torch.Tensor:
+        """sublayer(x), or with DFlash2's convolution along the block around it (x [B, A*k, H], blocks of `shape`)."""
+        if conv is None:
+            return sublayer(x)
+        convolved, dynamic = conv.prepare(x.view(shape))
+        out = sublayer(convolved.reshape(x.shape))
+        return conv.finish(out.view(shape), dynamic).reshape(x.shape)

@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from portable_spec.core.spec import VARIANT_KINDS, SpecError
+from portable_spec.core.spec import SpecError
 
 ASSETS = Path(__file__).parents[1] / "assets" / "smollm2"  # portable_spec/assets/smollm2
+SHIPPED_KINDS = ("parallel", "depth_causal", "autoregressive")  # the kinds with a shipped SmolLM2 drafter
 
 
 def drafter_dir(kind: str) -> Path:
-    if kind not in VARIANT_KINDS:
-        raise SpecError(f"no SmolLM2 drafter {kind!r}; valid options: {', '.join(VARIANT_KINDS)}")
+    if kind not in SHIPPED_KINDS:
+        raise SpecError(f"no SmolLM2 drafter {kind!r}; valid options: {', '.join(SHIPPED_KINDS)}")
     path = ASSETS / "drafters" / kind
     if not (path / "config.json").exists():
         raise SpecError(

@@ -35,11 +35,17 @@ class VariantBehaviour:
     shift_mix: before each layer, slot j mixes in slot j-1's state: h_j <- W[h_j; h_{j-1}].
     autoregressive: one pass per draft token on real (drafted) tokens; slot j predicts token j+1.
       Otherwise slots hold [anchor, MASK...] and slot j predicts the token j places after the anchor.
+    sublayer_conv: around every attention and MLP sublayer, a grouped dynamic causal convolution along the block
+      (DFlash2's `GroupedDynamicCausalConv`: the sublayer's input convolved before it, its output after).
+    candidate_selector: drafts are picked slot after slot from each slot's top-k logits, re-scored by low-rank
+      bigram codebooks given the token picked before (DFlash2's `CandidateSelector`).
     """
 
     block_causal: bool
     shift_mix: bool
     autoregressive: bool
+    sublayer_conv: bool = False
+    candidate_selector: bool = False
 
     @property
     def single_pass(self) -> bool:
@@ -47,9 +53,15 @@ class VariantBehaviour:
         return not self.autoregressive
 
     @property
+    def dflash_shaped(self) -> bool:
+        """DFlash's layers and greedy head, whatever the block's attention and shift-mix: what an engine's DFlash
+        proposer runs, natively or through portable-spec's plugins (DFlash2's convolutions and selector are not)."""
+        return self.single_pass and not self.sublayer_conv and not self.candidate_selector
+
+    @property
     def engine_native(self) -> bool:
         """Exactly DFlash's drafter, so an engine's own DFlash model class runs it unchanged."""
-        return self.single_pass and not self.block_causal and not self.shift_mix
+        return self.dflash_shaped and not self.block_causal and not self.shift_mix
 
 
 class _Strict(BaseModel):
@@ -92,8 +104,30 @@ class AutoregressiveVariant(_Strict):
     behaviour: ClassVar[VariantBehaviour] = VariantBehaviour(block_causal=True, shift_mix=False, autoregressive=True)
 
 
-VARIANT_CLASSES = (ParallelVariant, DepthCausalVariant, AutoregressiveVariant)
-Variant = Annotated[Union[ParallelVariant, DepthCausalVariant, AutoregressiveVariant], Field(discriminator="kind")]
+class DFlash2Variant(_Strict):
+    """z-lab's DFlash2 (`dflash` 0.1.0 dflash/model.py `DFlash2DraftModel`; vllm-project/speculators 0.9.0
+    models/dflash2): DFlash's one pass over [anchor, MASK...] with a grouped dynamic causal convolution along the
+    block around every attention and MLP sublayer, and a candidate selector that picks each slot's draft from its
+    top-k logits given the draft before it. The block's attention is DFlash's (block_attention)."""
+
+    kind: Literal["dflash2"] = "dflash2"
+    engine_architecture: ClassVar[str] = "DFlash2DraftModel"  # vLLM, SGLang and llama.cpp serve it natively
+    behaviour: ClassVar[VariantBehaviour] = VariantBehaviour(
+        block_causal=False, shift_mix=False, autoregressive=False, sublayer_conv=True, candidate_selector=True
+    )
+    block_attention: Literal[BLOCK_ATTENTION] = Field(
+        "bidirectional", description="How block slots see each other: " + " | ".join(BLOCK_ATTENTION) + "."
+    )
+    conv_kernel_size: int = Field(2, ge=1, le=MAX_BLOCK_SIZE, description="Causal taps of each convolution.")
+    conv_group_size: int = Field(16, ge=1, description="Hidden channels sharing one dynamic kernel coefficient.")
+    selector_rank: int = Field(256, ge=1, description="Rank of the selector's bigram codebooks.")
+    selector_top_k: int = Field(16, ge=1, description="Candidates per slot the selector re-scores.")
+
+
+VARIANT_CLASSES = (ParallelVariant, DepthCausalVariant, AutoregressiveVariant, DFlash2Variant)
+Variant = Annotated[
+    Union[ParallelVariant, DepthCausalVariant, AutoregressiveVariant, DFlash2Variant], Field(discriminator="kind")
+]
 VARIANT_KINDS = tuple(cls.model_fields["kind"].default for cls in VARIANT_CLASSES)
 
 
@@ -198,7 +232,7 @@ class DrafterConfig(_Strict):
     """Everything needed to rebuild the drafter; `model.safetensors` holds only drafter-owned weights."""
 
     format_version: Literal[1] = Field(FORMAT_VERSION, description="Checkpoint format version.")
-    variant: Variant = Field(description="Drafter kind: parallel | depth_causal | autoregressive.")
+    variant: Variant = Field(description="Drafter kind: parallel | depth_causal | autoregressive | dflash2.")
     block_size: int = Field(
         ge=2, le=MAX_BLOCK_SIZE, description="Slots per block: the anchor plus block_size-1 draft tokens."
     )
@@ -289,6 +323,7 @@ class DrafterConfig(_Strict):
                 "set own_embeddings: true and ship embed_tokens and lm_head"
             )
         self._check_layer_attention()
+        self._check_dflash2()
         ids = self.target_layer_ids
         if sorted(set(ids)) != ids:
             raise ValueError(f"target_layer_ids={ids} must be strictly increasing with no repeats")
@@ -312,6 +347,32 @@ class DrafterConfig(_Strict):
         )
         if problem:
             raise ValueError(problem)
+
+    def _check_dflash2(self) -> None:
+        """What DFlash2's convolutions and selector need of the drafter's shape (speculators 0.9.0
+        models/dflash2/core.py and model_definitions.py refuse the same)."""
+        variant = self.variant
+        if not isinstance(variant, DFlash2Variant):
+            return
+        if self.hidden_size % variant.conv_group_size:
+            raise ValueError(
+                f"variant.conv_group_size={variant.conv_group_size} does not divide hidden_size={self.hidden_size}; "
+                "pick a divisor"
+            )
+        if variant.conv_kernel_size > self.block_size:
+            raise ValueError(
+                f"variant.conv_kernel_size={variant.conv_kernel_size} is wider than block_size={self.block_size}; "
+                "a convolution along the block has at most block_size taps"
+            )
+        if variant.selector_top_k > self.vocab_size:
+            raise ValueError(
+                f"variant.selector_top_k={variant.selector_top_k} exceeds vocab_size={self.vocab_size}; use fewer"
+            )
+        if self.draft_vocab_size is not None:
+            raise ValueError(
+                f"draft_vocab_size={self.draft_vocab_size}: a dflash2 drafter scores the full vocabulary (its "
+                "selector's codebooks are indexed by target ids; speculators 0.9.0 refuses a reduced one too); omit it"
+            )
 
     @property
     def kind(self) -> str:

@@ -196,10 +196,12 @@ def drafter_config_for(
     rope_scaling: dict | None = None,
     hidden_size: int | None = None,
     window_rule: str | None = None,
+    variant_options: dict | None = None,
 ) -> DrafterConfig:
     """A drafter config shaped like the target's layers (same width, heads, rope), bound to the target; sliding
-    layers and the parallel kind's block attention as given (spec.py says what each means). A `hidden_size` other
-    than the target's makes a drafter of that width with its own embedding and LM head."""
+    layers, the block attention and the variant's own fields (`variant_options`, e.g. a dflash2's conv and
+    selector sizes) as given (spec.py says what each means). A `hidden_size` other than the target's makes a drafter
+    of that width with its own embedding and LM head."""
     t = target.config
     width = hidden_size or t.hidden_size
     options = {
@@ -215,7 +217,11 @@ def drafter_config_for(
     }
     return parse_config(
         {
-            "variant": {"kind": kind, **({"block_attention": block_attention} if block_attention else {})},
+            "variant": {
+                "kind": kind,
+                **({"block_attention": block_attention} if block_attention else {}),
+                **(variant_options or {}),
+            },
             **options,
             "block_size": block_size,
             "num_hidden_layers": num_hidden_layers,

@@ -45,10 +45,14 @@ def tiny_drafter(
     )
     torch.manual_seed(seed)
     drafter = target.bind(Drafter(config))
-    with torch.no_grad():  # move shift-mix off the identity so the variant is exercised
+    with torch.no_grad():  # move shift-mix and DFlash2's convolutions off the identity so the variant is exercised
         for name, param in drafter.named_parameters():
             if name.endswith("shift_mix.weight"):
                 param.add_(0.05 * torch.randn_like(param))
+            elif name.endswith(("base_kernel", "kernel_projection.weight")):
+                param.add_(0.2 * torch.randn_like(param) / (param.shape[-1] ** 0.5 if param.dim() == 2 else 1))
+            elif "candidate_selector." in name:  # bigram scores as large as the logits' spread: picks change
+                param.mul_(50.0)
     return drafter.eval()
 
 

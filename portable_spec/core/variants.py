@@ -8,9 +8,9 @@ from portable_spec.core.spec import VARIANT_CLASSES, SpecError, VariantBehaviour
 VARIANTS: dict[str, VariantBehaviour] = {cls.model_fields["kind"].default: cls.behaviour for cls in VARIANT_CLASSES}
 
 
-def single_pass_kinds() -> tuple[str, ...]:
-    """The kinds an engine's DFlash proposer can serve (one pass per round)."""
-    return tuple(kind for kind, behaviour in VARIANTS.items() if behaviour.single_pass)
+def dflash_shaped_kinds() -> tuple[str, ...]:
+    """The kinds an engine's DFlash proposer can serve (one pass per round, DFlash's layers and greedy head)."""
+    return tuple(kind for kind, behaviour in VARIANTS.items() if behaviour.dflash_shaped)
 
 
 def behaviour_of(kind: str) -> VariantBehaviour:

@@ -14,11 +14,12 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from portable_spec.core.errors import validation_line
 from portable_spec.core.real_target import FIXTURE_TARGET, KNOWN_TARGETS
 from portable_spec.core.spec import VARIANT_KINDS, SpecError
+from portable_spec.core.variants import behaviour_of
 from portable_spec.training.sharegpt import PromptTurns
 
 Generator = Literal["auto", "vllm", "hf"]
@@ -27,6 +28,7 @@ DrafterLayout = Literal["ddp", "fsdp"]
 TargetLayout = Literal["replicate", "fsdp"]
 DType = Literal["float32", "bfloat16", "float16"]
 Kind = Literal[VARIANT_KINDS]  # type: ignore[valid-type]
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
 class Section(BaseModel):
@@ -109,6 +111,33 @@ class DrafterShape(Section):
         8192, ge=0, description="Most frequent reply tokens the drafter scores; 0: the full vocabulary."
     )
     mask_token_id: int | None = Field(None, ge=0, description="The block's mask token; default: see mask_token_for.")
+    conv_kernel_size: int | None = Field(None, ge=1, description="dflash2: causal taps of each convolution (2).")
+    conv_group_size: int | None = Field(
+        None, ge=1, description="dflash2: hidden channels sharing one dynamic coefficient (16)."
+    )
+    selector_rank: int | None = Field(None, ge=1, description="dflash2: rank of the selector's codebooks (256).")
+    selector_top_k: int | None = Field(None, ge=1, description="dflash2: candidates the selector re-scores (16).")
+
+    def variant_options(self) -> dict:
+        """The dflash2 fields given (the rest take spec.DFlash2Variant's defaults, speculators 0.9.0's)."""
+        return {name: getattr(self, name) for name in DFLASH2_FIELDS if getattr(self, name) is not None}
+
+    @model_validator(mode="after")
+    def _kind_options(self) -> DrafterShape:
+        given = self.variant_options()
+        if given and not behaviour_of(self.kind).candidate_selector:
+            name = next(iter(given))
+            raise ValueError(f"--{name.replace('_', '-')} {given[name]}: only a dflash2 drafter has it; drop it")
+        if (
+            behaviour_of(self.kind).candidate_selector
+            and self.draft_vocab_size
+            and "draft_vocab_size" in (self.model_fields_set)
+        ):
+            raise ValueError(
+                f"--draft-vocab-size {self.draft_vocab_size}: a dflash2 drafter scores the full vocabulary (its "
+                "selector's codebooks are indexed by target ids); pass 0 or leave it out"
+            )
+        return self
 
 
 class TrainConfig(Section):

@@ -9,6 +9,7 @@ import torch
 from portable_spec.core.drafter import Drafter
 from portable_spec.core.spec import DrafterConfig, SpecError
 from portable_spec.core.target import TargetModel, drafter_config_for
+from portable_spec.core.variants import behaviour_of
 from portable_spec.training.config import DrafterShape
 from portable_spec.training.features import device_memory
 
@@ -52,7 +53,8 @@ def build_config(target: TargetModel, tokenizer, shape: DrafterShape, model_id: 
     rows = target.vocab_size
     mask = shape.mask_token_id if shape.mask_token_id is not None else mask_token_for(tokenizer, rows)
     draft_vocab = shape.draft_vocab_size
-    if not draft_vocab or draft_vocab >= rows:  # 0, or the default (8192) on a small vocabulary: score it all
+    full = behaviour_of(shape.kind).candidate_selector  # dflash2 scores every token (config.DrafterShape says so)
+    if full or not draft_vocab or draft_vocab >= rows:  # 0, or the default (8192) on a small vocabulary: all
         draft_vocab = None
     return drafter_config_for(
         target,
@@ -64,6 +66,7 @@ def build_config(target: TargetModel, tokenizer, shape: DrafterShape, model_id: 
         intermediate_size=shape.intermediate_size,
         draft_vocab_size=draft_vocab,
         model_id=model_id,
+        variant_options=shape.variant_options(),
     )
 
 

@@ -31,7 +31,7 @@ from portable_spec.core.drafter import Drafter, load_drafter
 from portable_spec.core.outputs import check_output_dir, results_json, write_dir_atomically
 from portable_spec.core.spec import SpecError
 from portable_spec.training.features import FeatureDataset
-from portable_spec.training.loss import block_predictions
+from portable_spec.training.loss import teacher_forced_blocks
 
 ANCHORS_PER_PASS = 64  # teacher-forced blocks per drafter pass: bounds the dense [A*k, T + A*k] attention mask
 
@@ -46,7 +46,11 @@ def greedy_drafts_at(drafter: Drafter, features: torch.Tensor, tokens: torch.Ten
     rows = []
     for start in range(first, n, ANCHORS_PER_PASS):
         anchors = torch.arange(start, min(start + ANCHORS_PER_PASS, n), device=tokens.device)[None]
-        logits, _ = block_predictions(drafter, features[None], padded, anchors)  # [1, A, k-1, V_draft]
+        hidden, _ = teacher_forced_blocks(drafter, features[None], padded, anchors)  # [1, A, k-1, H]
+        logits = drafter.scored_logits(hidden)  # [1, A, k-1, V_draft]
+        if drafter.behaviour.candidate_selector:  # dflash2: the selector's greedy chain after each anchor
+            rows.append(drafter.candidate_selector.select(hidden[0], logits[0], padded[0, anchors[0]])[0])
+            continue
         draft = logits[0].argmax(dim=-1)
         rows.append(draft if ids is None else ids.to(draft.device)[draft])
     return torch.cat(rows)

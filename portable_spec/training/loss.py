@@ -1,6 +1,12 @@
 """The drafter's training loss: random anchors per sequence, block slot i predicting token anchor+i, weighted
 exp(-(i-1)/gamma) (DFlash's loss decay, z-lab/dflash 0.1.0). Shared by the training loop and the held-out
-acceptance (heldout.py), which reads the same teacher-forced blocks."""
+acceptance (heldout.py), which reads the same teacher-forced blocks.
+
+A dflash2 drafter adds its candidate selector's loss, as vllm-project/speculators 0.9.0 trains it
+(models/dflash2/core.py `forward`, metrics.py `compute_selector_loss`, `selector_loss_alpha` 1.0): each slot's
+candidates are its top-k logits (the serving set; the true token replaces the last one when it is not among
+them), their scores unary + bigram term given the true token before (teacher-forced), and the loss a k-way
+cross-entropy on the true token's rank, weighted as the unary loss."""
 
 from __future__ import annotations
 
@@ -10,12 +16,12 @@ import torch.nn.functional as F
 from portable_spec.core.drafter import Drafter
 
 
-def block_predictions(
+def teacher_forced_blocks(
     drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The drafter's teacher-forced blocks at many anchors in one pass: features [B, T, F] of tokens [B, T'] (T' >= T,
-    every anchor + block_size <= T'), anchors [B, A] -> (draft-vocabulary logits [B, A, k-1, V_draft] for offsets
-    1..k-1, the true block tokens [B, A, k]). Block j's context is every position before its anchor, as in
+    every anchor + block_size <= T'), anchors [B, A] -> (final hidden states [B, A, k-1, H] of the slots predicting
+    offsets 1..k-1, the true block tokens [B, A, k]). Block j's context is every position before its anchor, as in
     decoding; what training and the held-out acceptance share."""
     config, batch = drafter.config, tokens.shape[0]
     k, num_anchors, context_len = config.block_size, anchors.shape[1], features.shape[1]
@@ -31,20 +37,54 @@ def block_predictions(
     context = drafter.context_kv(features, positions)
     hidden = drafter.block_hidden(block_ids, block_positions, context, context_mask, positions)
     slots = [drafter.prediction_slot(offset) for offset in range(1, k)]
-    return drafter.scored_logits(hidden[:, :, slots]), true_tokens
+    return hidden[:, :, slots], true_tokens
+
+
+def block_predictions(
+    drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """As teacher_forced_blocks, with the draft slots' logits [B, A, k-1, V_draft] in place of their hidden states."""
+    hidden, true_tokens = teacher_forced_blocks(drafter, features, tokens, anchors)
+    return drafter.scored_logits(hidden), true_tokens
 
 
 def drafter_loss(drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor, gamma: float):
     """features [B, T, F] of tokens [B, T], anchors [B, A] (each <= T - block_size) -> weighted cross-entropy over
     draft offsets. With a reduced draft vocabulary, tokens outside it carry no loss (they can never be drafted)."""
     batch, num_anchors, k = tokens.shape[0], anchors.shape[1], drafter.config.block_size
-    predicted, true_tokens = block_predictions(drafter, features, tokens, anchors)  # [B, A, k-1, V_draft]
+    hidden, true_tokens = teacher_forced_blocks(drafter, features, tokens, anchors)
+    predicted = drafter.scored_logits(hidden)  # [B, A, k-1, V_draft]
     labels = true_tokens[..., 1:]
     if drafter.config.draft_vocab_size is not None:
         labels = target_to_draft(drafter, labels)
     losses = F.cross_entropy(predicted.flatten(0, 2), labels.flatten(), reduction="none", ignore_index=-100)
     weights = torch.exp(-torch.arange(k - 1, dtype=torch.float32, device=tokens.device) / gamma)
+    if drafter.behaviour.candidate_selector:
+        losses = losses + SELECTOR_LOSS_ALPHA * selector_losses(drafter, hidden, predicted, true_tokens).flatten()
     return (losses.view(batch, num_anchors, k - 1) * weights).sum() / (weights.sum() * batch * num_anchors)
+
+
+SELECTOR_LOSS_ALPHA = 1.0  # speculators 0.9.0 DFlash2 get_trainer_kwargs' selector_loss_alpha default
+
+
+def selector_losses(
+    drafter: Drafter, hidden: torch.Tensor, logits: torch.Tensor, true_tokens: torch.Tensor
+) -> torch.Tensor:
+    """A dflash2's selector cross-entropy per draft slot [B, A, k-1]: hidden [B, A, k-1, H] and logits [..., V] of the
+    draft slots, true_tokens [B, A, k] (the anchor, then each slot's target)."""
+    selector = drafter.candidate_selector
+    targets, predecessors = true_tokens[..., 1:], true_tokens[..., :-1]
+    candidates = logits.topk(selector.top_k, dim=-1).indices  # the serving candidate set
+    present = candidates.eq(targets[..., None])
+    found = present.any(dim=-1)
+    label = torch.where(found, present.to(torch.int64).argmax(dim=-1), selector.top_k - 1)
+    candidates = candidates.clone()
+    candidates[..., -1] = torch.where(found, candidates[..., -1], targets)  # the target at rank K when absent
+    scores = (
+        logits.gather(-1, candidates).float()
+        + selector.transition_scores(selector.hidden_projection(hidden), predecessors, candidates).float()
+    )
+    return F.cross_entropy(scores.flatten(0, -2), label.flatten(), reduction="none").view_as(label)
 
 
 def target_to_draft(drafter: Drafter, target_ids: torch.Tensor) -> torch.Tensor:

@@ -117,6 +117,11 @@ def _dflash_unsupported(config: DrafterConfig, version: str) -> str | None:
             f"variant={kind!r} drafts one token per pass; TensorRT-LLM's DFlash mode runs one pass per round, so "
             "only single-pass drafters (parallel, depth_causal) map onto DFlashDecodingConfig"
         )
+    if not behaviour.dflash_shaped:
+        return (
+            f"variant={kind!r} has convolutions around its sublayers and a candidate selector; TensorRT-LLM's "
+            "DFlash mode and portable-spec's draft-model builder run DFlash's layers and greedy head only"
+        )
     if not behaviour.engine_native and parse_version(version) < IN_LOOP_MIN_VERSION:
         needed = ".".join(map(str, IN_LOOP_MIN_VERSION))
         return (

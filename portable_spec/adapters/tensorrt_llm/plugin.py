@@ -36,7 +36,7 @@ def portable_variant(pretrained_config) -> str | None:
 def needs_plugin(pretrained_config) -> bool:
     """A portable single-pass drafter TensorRT-LLM's own DFlash class would run wrongly (causal block, shift-mix)."""
     kind = portable_variant(pretrained_config)
-    return kind is not None and behaviour_of(kind).single_pass and not behaviour_of(kind).engine_native
+    return kind is not None and behaviour_of(kind).dflash_shaped and not behaviour_of(kind).engine_native
 
 
 def _trtllm_version(module) -> str:

@@ -141,7 +141,7 @@ def import_drafter(
     target = TargetModel.load(target_dir)
     config = parse_config(
         {
-            "variant": {"kind": "parallel", "block_attention": mode},
+            "variant": {**(upstream.variant or {"kind": "parallel"}), "block_attention": mode},
             **upstream.fields,
             **windows,
             "own_embeddings": upstream.fields["hidden_size"] != target.config.hidden_size,

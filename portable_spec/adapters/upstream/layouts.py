@@ -15,8 +15,9 @@ tensors some of them ship (`embed_tokens`, `lm_head`, `t2d`, speculators' frozen
 for the importer to compare with the target's (a drafter whose `hidden_size` differs from its `target_hidden_size`
 ships its own). Sliding-window layers, causal blocks and YaRN are read as the code that trained the checkpoint
 computes them (`sliding_layers`, `block_attention`, `rope_scaling`, TRAINER_RULES; checked against the packages'
-own forward by the `upstream/*` conformance rows); whatever has no portable equivalent (DFlash2 blocks, logit
-scales, fused-layer variants, pickled files) is refused by name.
+own forward by the `upstream/*` conformance rows); z-lab's DFlash2 (`DFlash2DraftModel`: convolutions around each
+sublayer, a candidate selector) is read as the `dflash2` kind; whatever has no portable equivalent (logit scales,
+fused-layer variants, pickled files) is refused by name.
 """
 
 from __future__ import annotations
@@ -70,6 +71,12 @@ NEUTRAL = {
 DFLASH_CONFIG_KEYS = {
     "target_layer_ids", "mask_token_id", "block_size", "num_target_layers", "target_hidden_size", "causal",
 }  # fmt: skip
+# DFlash2's own switches (z-lab dflash 0.1.0 DFlash2DraftModel and CandidateSelector read each with _draft_value, no
+# default): the dflash2 variant's fields of the same names
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# z-lab's DFlash2 checkpoints save the selector's codebooks without `.weight` (its from_pretrained key_mapping adds
+# it for nn.Embedding); its save_pretrained writes it: both are read under the unsuffixed name, speculators' own
+SELECTOR_CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
 
 # transformers' Qwen3Config defaults, which decide a config's sliding layers when it leaves these keys out
 QWEN3_SLIDING_WINDOW, QWEN3_MAX_WINDOW_LAYERS = 4096, 28
@@ -86,8 +93,9 @@ class UpstreamDrafter:
     num_target_layers: int | None  # what the checkpoint says its target has, if it says
     verifier: str | None = None  # the target the checkpoint names, if any
     target_hidden_size: int | None = None  # the target width the checkpoint says fc reads, if it says
-    block_attention: str = "bidirectional"  # the parallel kind's block attention (spec.ParallelVariant)
+    block_attention: str = "bidirectional"  # the block attention of the kinds that choose it (spec.ParallelVariant)
     rules: tuple[str, ...] = ()  # how the windows and block attention were read, and from which upstream code
+    variant: dict | None = None  # the portable variant's kind and own fields; None: parallel
 
 
 def _refuse(source: str, key: str, value, fix: str) -> SpecError:
@@ -145,9 +153,10 @@ def _check_types(values: dict, source: str, prefix: str = "") -> None:
             _check_types(value, source, f"{prefix}{key}.")
 
 
-def _check_neutral(values: dict, source: str, prefix: str = "") -> None:
+def _check_neutral(values: dict, source: str, prefix: str = "", read: tuple[str, ...] = ()) -> None:
+    """Every NEUTRAL switch at a value plain DFlash computes, but those the caller reads itself (`read`)."""
     for key, allowed in NEUTRAL.items():
-        if key in values and values[key] not in allowed:
+        if key in values and key not in read and values[key] not in allowed:
             raise _refuse(
                 source,
                 prefix + key,
@@ -163,9 +172,10 @@ def _required(values: dict, key: str, source: str, where: str = ""):
     return values[key]
 
 
-def layer_fields(values: dict, source: str, prefix: str = "") -> dict:
+def layer_fields(values: dict, source: str, prefix: str = "", read: tuple[str, ...] = ()) -> dict:
     """The drafter's layer shapes from a Qwen3-style config dict (z-lab/SpecForge top level, speculators'
-    transformer_layer_config), refusing what the portable drafter's Qwen3 layers cannot run."""
+    transformer_layer_config), refusing what the portable drafter's Qwen3 layers cannot run (but the switches the
+    caller reads itself, `read`)."""
     model_type = values.get("model_type", "qwen3")
     if model_type != "qwen3":
         raise _refuse(source, prefix + "model_type", model_type, "is not qwen3: DFlash drafters are Qwen3 layers")
@@ -173,7 +183,7 @@ def layer_fields(values: dict, source: str, prefix: str = "") -> dict:
         raise _refuse(source, prefix + "hidden_act", values["hidden_act"], "is not silu (the drafter's SwiGLU MLP)")
     if values.get("attention_bias"):
         raise _refuse(source, prefix + "attention_bias", True, "is not supported (portable layers have no biases)")
-    _check_neutral(values, source, prefix)
+    _check_neutral(values, source, prefix, read)
     rope = values.get("rope_parameters") or {}
     rope_theta = next((v for v in (values.get("rope_theta"), rope.get("rope_theta")) if v is not None), 10000.0)
     hidden = _required(values, "hidden_size", source, prefix)
@@ -302,14 +312,15 @@ def block_attention(layer_types: list[str] | None, causal: bool | None) -> str:
     return "causal_in_sliding_layers" if any(sliding) else "bidirectional"
 
 
-def _hf_dflash(data: dict, source: str) -> tuple[dict, dict]:
-    """z-lab / SpecForge: (fields, what it says of its target: num_target_layers, target_hidden_size). Each DFlash
-    key is read as z-lab's model.py `_draft_value` does: `dflash_config` first, then the top level."""
+def _hf_dflash(data: dict, source: str) -> tuple[dict, dict, dict | None]:
+    """z-lab / SpecForge: (fields, what it says of its target: num_target_layers, target_hidden_size, the dflash2
+    variant's fields or None). Each DFlash key is read as z-lab's model.py `_draft_value` does: `dflash_config`
+    first, then the top level."""
     architectures = data.get("architectures") or []
-    if any(name.startswith("DFlash2") for name in architectures):
-        raise _refuse(
-            source, "architectures", architectures, "is DFlash2 (convolutions, candidate selector): no portable kind"
-        )
+    dflash2 = any(name.startswith("DFlash2") for name in architectures)
+    if dflash2 and architectures != ["DFlash2DraftModel"]:
+        raise _refuse(source, "architectures", architectures, "is not z-lab's DFlash2DraftModel: no portable kind")
+    read = DFLASH2_KEYS if dflash2 else ()
     dflash = data.get("dflash_config") or {}  # an object when set (_check_types)
     unknown = sorted(set(dflash) - DFLASH_CONFIG_KEYS - set(NEUTRAL))
     if unknown:
@@ -320,8 +331,21 @@ def _hf_dflash(data: dict, source: str) -> tuple[dict, dict]:
             f"is not a DFlash switch portable-spec knows ({', '.join(sorted(DFLASH_CONFIG_KEYS | set(NEUTRAL)))}); "
             "this checkpoint cannot be imported",
         )
-    _check_neutral(dflash, source, "dflash_config.")
-    fields = layer_fields(data, source)
+    _check_neutral(dflash, source, "dflash_config.", read)
+    fields = layer_fields(data, source, read=read)
+    variant = None
+    if dflash2:
+        variant = {"kind": "dflash2"}
+        for key in DFLASH2_KEYS:
+            value = dflash.get(key, data.get(key))
+            if not _whole(value):
+                raise _refuse(
+                    source,
+                    f"dflash_config.{key}",
+                    value,
+                    "must be a whole number: z-lab's DFlash2DraftModel reads it with no default",
+                )
+            variant[key] = value
     layer_ids = dflash.get("target_layer_ids", data.get("target_layer_ids"))
     if layer_ids is None:
         raise SpecError(f"{source}: dflash_config.target_layer_ids is missing; an upstream DFlash checkpoint sets it")
@@ -337,15 +361,28 @@ def _hf_dflash(data: dict, source: str) -> tuple[dict, dict]:
         fields.get("layer_types"), causal if causal is not None else dflash.get("causal")
     )
     target = {key: dflash.get(key, data.get(key)) for key in ("num_target_layers", "target_hidden_size")}
-    return fields, target
+    return fields, target, variant
 
 
-def _speculators(data: dict, source: str) -> tuple[dict, str | None]:
-    """vLLM speculators: (fields, verifier name)."""
+# speculators 0.9.0 DFlash2SpeculatorConfig's defaults for the keys a saved config may leave out
+SPECULATORS_DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
+
+
+def _speculators(data: dict, source: str) -> tuple[dict, str | None, dict | None]:
+    """vLLM speculators: (fields, verifier name, the dflash2 variant's fields or None)."""
     kind = data.get("speculators_model_type")
-    if kind != "dflash":
-        raise _refuse(source, "speculators_model_type", kind, "is not dflash: only DFlash speculators import")
-    _check_neutral(data, source)
+    if kind not in ("dflash", "dflash2"):
+        raise _refuse(source, "speculators_model_type", kind, "is not dflash or dflash2: those import")
+    dflash2 = kind == "dflash2"
+    _check_neutral(data, source, read=DFLASH2_KEYS if dflash2 else ())
+    variant = None
+    if dflash2:
+        variant = {"kind": "dflash2"}
+        for key, default in SPECULATORS_DFLASH2.items():
+            value = data.get(key, default)
+            if not _whole(value):
+                raise _refuse(source, key, value, "must be a whole number (speculators' DFlash2SpeculatorConfig)")
+            variant[key] = value
     layer_config = data.get("transformer_layer_config")
     if not isinstance(layer_config, dict):
         raise SpecError(f"{source}: transformer_layer_config is missing or not an object")
@@ -367,14 +404,14 @@ def _speculators(data: dict, source: str) -> tuple[dict, str | None]:
     )
     if draft_vocab is not None and draft_vocab != fields["vocab_size"]:
         fields["draft_vocab_size"] = draft_vocab
-    # speculators trains sliding layers causal unless sliding_window_non_causal (default false) and full layers
-    # bidirectional (models/dflash/attention.py, config.py)
-    non_causal = data.get("sliding_window_non_causal", False)
+    # speculators trains sliding layers causal unless sliding_window_non_causal (default false; true for dflash2,
+    # DFlash2SpeculatorConfig) and full layers bidirectional (models/dflash/attention.py, config.py)
+    non_causal = data.get("sliding_window_non_causal", dflash2)
     fields["block_attention"] = block_attention(fields.get("layer_types"), False if non_causal else None)
     if "sliding_window" in fields:
         fields["window_rule"] = "per_anchor"
     verifier = (data.get("speculators_config") or {}).get("verifier") or {}
-    return fields, verifier.get("name_or_path")
+    return fields, verifier.get("name_or_path"), variant
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -451,13 +488,13 @@ def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
             f"{source}: not a DFlash checkpoint (architectures={data.get('architectures')}, no dflash_config or "
             "speculators_model_type); import reads z-lab/dflash, SpecForge and speculators DFlash drafters"
         )
-    verifier, target = None, {}
+    verifier, target, variant = None, {}, None
     if family == "speculators":
-        fields, verifier = _speculators(data, source)
+        fields, verifier, variant = _speculators(data, source)
         found = "speculators"
     else:
         found = "dflash"
-        fields, target = _hf_dflash(data, source)
+        fields, target, variant = _hf_dflash(data, source)
     if layout != "auto" and layout != found:
         raise SpecError(f"{path}: layout={layout} given, but config.json is in the {found} layout; pass --layout auto")
     if (path / "mask_embedding.pt").exists():
@@ -466,6 +503,9 @@ def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
             "and portable drafters embed the mask token through the embedding table: this checkpoint cannot be imported"
         )
     weights = _portable_dtypes(_read_weights(path), path)
+    for name in SELECTOR_CODEBOOKS:
+        if name + ".weight" in weights and name not in weights:
+            weights[name] = weights.pop(name + ".weight")
     target_side = {name: weights.pop(name) for name in TARGET_SIDE if name in weights}
     check_weight_values(str(path), weights)
     if "d2t" in weights and "draft_vocab_size" not in fields:
@@ -491,6 +531,7 @@ def read_upstream(path: Path, layout: str = "auto") -> UpstreamDrafter:
         target.get("target_hidden_size"),
         mode,
         rules,
+        variant,
     )
 
 

@@ -22,6 +22,9 @@ LAYER_IDS = [0, 1, 2]  # target layers whose output feeds fc (the fixture target
 ALL_SLIDING = ["sliding_attention", "sliding_attention"]
 MIXED = ["sliding_attention", "full_attention"]
 YARN = {"factor": 4.0, "original_max_position_embeddings": 512}  # YaRN blends every frequency: any position differs
+# z-lab DFlash2's own switches (dflash_config), small enough for the fixture target (256 wide, vocabulary 512)
+DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 8}
+DFLASH2_WIDE = {"conv_kernel_size": 3, "conv_group_size": 32, "selector_rank": 16, "selector_top_k": 16}
 
 
 @dataclass(frozen=True)
@@ -34,12 +37,18 @@ class UpstreamCase:
     yarn: bool = False
     draft_vocab: int | None = None  # speculators only: a reduced vocabulary of this many target ids
     decode: bool = False  # z-lab only: its dflash_generate on the trained fixture drafter's weights
+    dflash2: dict | None = None  # a DFlash2DraftModel (z-lab, speculators) with these switches (seeded convs, selector)
     import_options: dict = field(default_factory=dict)
     about: str = ""
 
     @property
     def id(self) -> str:
         return f"upstream/{self.package}/{self.name}"
+
+    @property
+    def kind(self) -> str:
+        """The portable kind the case imports as."""
+        return "dflash2" if self.dflash2 else "parallel"
 
     @property
     def sliding_window(self) -> int | None:
@@ -64,6 +73,7 @@ class UpstreamCase:
             "causal": self.causal,
             "yarn": YARN if self.yarn else None,
             "decode": {"max_new_tokens": 48} if self.decode else None,
+            "dflash2": self.dflash2,
         }
 
 
@@ -79,6 +89,10 @@ def _cases() -> list[UpstreamCase]:
         UpstreamCase(zlab, "sliding_bidirectional", 8, ALL_SLIDING, causal=False, about="is_causal: false"),
         UpstreamCase(zlab, "yarn", 8, yarn=True),
         UpstreamCase(zlab, "decode", 16, decode=True, about="dflash_generate, accepted length per round"),
+        UpstreamCase(zlab, "dflash2_b8", 8, dflash2=DFLASH2, about="DFlash2DraftModel: convolutions and selector"),
+        UpstreamCase(zlab, "dflash2_k3_causal", 4, causal=True, dflash2=DFLASH2_WIDE, about="DFlash2, 3 taps, causal"),
+        UpstreamCase(zlab, "dflash2_mixed", 8, MIXED, dflash2=DFLASH2, about="DFlash2 with sliding + full layers"),
+        UpstreamCase(zlab, "dflash2_decode", 16, decode=True, dflash2=DFLASH2, about="DFlash2 in dflash_generate"),
         UpstreamCase(spec, "full_b4", 4),
         UpstreamCase(spec, "full_b16", 16),
         UpstreamCase(spec, "sliding_b8", 8, ALL_SLIDING, about="its trainer's default: every layer sliding"),
@@ -87,6 +101,8 @@ def _cases() -> list[UpstreamCase]:
         UpstreamCase(spec, "sliding_non_causal", 8, ALL_SLIDING, causal=False, about="sliding_window_non_causal"),
         UpstreamCase(spec, "draft_vocab", 8, draft_vocab=512, about="512-id draft vocabulary: d2t/t2d, own lm_head"),
         UpstreamCase(spec, "yarn", 8, yarn=True),
+        UpstreamCase(spec, "dflash2_b8", 8, dflash2=DFLASH2, about="its DFlash2DraftModel: convolutions and selector"),
+        UpstreamCase(spec, "dflash2_sliding", 8, ALL_SLIDING, dflash2=DFLASH2, about="DFlash2, its trainer's sliding"),
         UpstreamCase(forge, "full_b4", 4),
         UpstreamCase(forge, "full_b16", 16),
         UpstreamCase(forge, "mixed", 8, MIXED, about="its trainer: causal + per-slot window where sliding"),

@@ -34,6 +34,7 @@ from portable_spec.conformance.upstream_oracle.oracle import (
     oracle_inputs,
     run_package,
 )
+from portable_spec.conformance.workspace import CheckSkipped
 from portable_spec.core.decode import GenerationConfig
 
 
@@ -97,6 +98,10 @@ def _block_logits(backend, case: UpstreamCase, drafter, inputs) -> torch.Tensor:
 
 
 def _block_check(ctx: CheckContext, case: UpstreamCase) -> None:
+    if case.kind not in ctx.backend.kinds_supported:
+        raise CheckSkipped(
+            f"{ctx.backend_name} supports drafter kinds {list(ctx.backend.kinds_supported)}, not {case.kind}"
+        )
     answer = _answer(ctx, case)
     drafter = _imported(ctx, case, answer)
     inputs = _inputs(ctx)
@@ -108,8 +113,31 @@ def _block_check(ctx: CheckContext, case: UpstreamCase) -> None:
         _acceptance_check(ctx, case, answer, drafter)  # ... and the engine must accept what the reference does
     else:
         compare_slots(case.id, logits, expected)
+    if answer.drafts is not None:
+        _drafts_check(ctx, case, answer, drafter, inputs)
     if case.decode:
         _decode_check(ctx, case, answer, drafter, inputs)
+
+
+def _drafts_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, drafter, inputs) -> None:
+    """A DFlash2's drafts: what the reference drafter of the import proposes after the same context and anchor
+    (its candidate selector, greedy) == what z-lab's own `propose` picked."""
+    from portable_spec.core.target import TargetModel
+
+    target = ctx.workspace.memo(("upstream-oracle-target", str(inputs.target)), lambda: TargetModel.load(inputs.target))
+    loaded = target.load_drafter(drafter)
+    positions = torch.arange(CONTEXT)[None]
+    context = loaded.context_kv(inputs.features.to(loaded.fc.weight.dtype), positions)
+    drafts = loaded.propose(
+        context,
+        torch.ones(1, CONTEXT, dtype=torch.bool),
+        torch.tensor([inputs.anchor]),
+        torch.tensor([CONTEXT]),
+        case.block_size - 1,
+        positions,
+    )
+    if drafts.tolist() != answer.drafts.tolist():
+        raise CheckFailed(f"{case.id}: selector drafts {drafts.tolist()}, z-lab's propose {answer.drafts.tolist()}")
 
 
 def _acceptance_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, imported) -> None:
@@ -154,6 +182,7 @@ def upstream_checks() -> list[Check]:
         version = PACKAGES[case.package][0]
         what = f"{case.package} {version}'s own drafter class and save ({case.about or case.name}; block {case.block_size})"
         decode = "; z-lab's dflash_generate: same tokens and tokens per round" if case.decode else ""
+        decode += "; the same selector drafts as its propose" if case.dflash2 else ""
         checks.append(
             Check(
                 case.id,

@@ -80,6 +80,7 @@ class OracleAnswer:
     checkpoint: Path
     logits: torch.Tensor  # [1, k, V] float32
     info: dict
+    drafts: torch.Tensor | None = None  # [1, k - 1]: a DFlash2's selector picks (greedy), where the case has them
 
 
 def run_package(package: str, inputs: OracleInputs, root: Path) -> dict[str, OracleAnswer]:
@@ -115,9 +116,8 @@ def run_package(package: str, inputs: OracleInputs, root: Path) -> dict[str, Ora
     answers = {}
     for case in cases:
         out = Path(case["out"])
+        tensors = load_file(str(out / "oracle.safetensors"))
         answers[case["name"]] = OracleAnswer(
-            out / "checkpoint",
-            load_file(str(out / "oracle.safetensors"))["logits"],
-            json.loads((out / "oracle.json").read_text()),
+            out / "checkpoint", tensors["logits"], json.loads((out / "oracle.json").read_text()), tensors.get("drafts")
         )
     return answers

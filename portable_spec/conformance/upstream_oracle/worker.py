@@ -12,7 +12,8 @@ the request's prompt greedily and records the tokens and the accepted length of 
 The forward each project is taken through is the one its trainer (or decode loop) runs:
 - dflash 0.1.0 (z-lab): `DFlashDraftModel.forward` with no mask, as `dflash_generate` calls it; the model builds
   its own mask (`_attention_mask`: `is_causal` per layer, window q - k < W), logits by `compute_logits` on the
-  target's head.
+  target's head. A DFlash2 case builds `DFlash2DraftModel` (the same forward, its convolutions around every
+  sublayer) and also records the drafts its `propose` picks greedily (the candidate selector).
 - speculators 0.9.0: `DFlashDraftModel.from_training_args` (its trainer's builder; verifier = the fixture target)
   and `_backbone_forward` with one anchor (its trainer's mask `create_anchor_block_mask_mod`: context
   k >= anchor - W in sliding layers, full layers bidirectional, sliding ones causal unless
@@ -83,22 +84,24 @@ def full_vocab_logits(logits: torch.Tensor, draft_ids: torch.Tensor | None, voca
 
 # -- z-lab dflash ------------------------------------------------------------------------------------------------
 def run_dflash(case: dict, target, inputs: dict, out: Path) -> dict:
-    from dflash.model import DFlashDraftModel
+    from dflash.model import DFlash2DraftModel, DFlashDraftModel
 
+    dflash2 = case.get("dflash2")
     config = layer_config(case, target.config)
-    config.architectures = ["DFlashDraftModel"]
+    config.architectures = ["DFlash2DraftModel" if dflash2 else "DFlashDraftModel"]
     config.num_target_layers = target.config.num_hidden_layers
     config.block_size = case["block_size"]
     config.dflash_config = {
         "target_layer_ids": case["target_layer_ids"],
         "mask_token_id": case["mask_token_id"],
         "block_size": case["block_size"],
+        **(dflash2 or {}),
     }
     if case.get("causal") is not None:
         config.is_causal = case["causal"]
     torch.manual_seed(case["seed"])
-    model = DFlashDraftModel(config).float().eval()
-    load_or_seed(model, case, skip=())
+    model = (DFlash2DraftModel if dflash2 else DFlashDraftModel)(config).float().eval()
+    load_or_seed(model, case, skip=(), own=DFLASH2_OWN if dflash2 else ())
     model.save_pretrained(out / "checkpoint")
     features, block = inputs["features"], inputs["block_ids"]
     length, k = features.shape[1], block.shape[1]
@@ -110,7 +113,12 @@ def run_dflash(case: dict, target, inputs: dict, out: Path) -> dict:
         )
         logits = model.compute_logits(hidden, target.lm_head)
     result = {"logits": logits.float()}
-    info = {"forward": "dflash.model.DFlashDraftModel.forward (mask from its _attention_mask)"}
+    info = {"forward": f"dflash.model.{type(model).__name__}.forward (mask from its _attention_mask)"}
+    if dflash2:
+        with torch.no_grad():  # its selector over the draft slots, greedy, as dflash_generate calls it
+            drafts, _, _ = model.propose(hidden[:, 1:], block[:, 0], target.lm_head, 0.0)
+        result["drafts"] = drafts
+        info["drafts"] = "dflash.model.DFlash2DraftModel.propose (CandidateSelector.select, temperature 0)"
     if case.get("decode"):
         info["decode"] = decode_rounds(model, target, inputs["prompt_ids"], case)
     return result, info
@@ -143,6 +151,9 @@ def decode_rounds(model, target, prompt_ids, case) -> dict:
 # -- vLLM speculators --------------------------------------------------------------------------------------------
 def run_speculators(case: dict, target, inputs: dict, out: Path) -> dict:
     from speculators.models.dflash import DFlashDraftModel
+    from speculators.models.dflash2 import DFlash2DraftModel
+
+    dflash2 = case.get("dflash2")
 
     config = layer_config(case, target.config)
     draft_ids = inputs.get("draft_ids")
@@ -164,8 +175,10 @@ def run_speculators(case: dict, target, inputs: dict, out: Path) -> dict:
     if case.get("causal") is not None:  # speculators' switch is the opposite: sliding_window_non_causal
         kwargs["sliding_window_non_causal"] = not case["causal"]
     torch.manual_seed(case["seed"])
-    model = DFlashDraftModel.from_training_args(config, t2d=t2d, d2t=d2t, **kwargs).float().eval()
-    load_or_seed(model, case, skip=("embed_tokens", "lm_head", "verifier_", "t2d", "d2t"))
+    builder = DFlash2DraftModel if dflash2 else DFlashDraftModel
+    model = builder.from_training_args(config, t2d=t2d, d2t=d2t, **kwargs, **(dflash2 or {})).float().eval()
+    skip = ("embed_tokens", "lm_head", "verifier_", "t2d", "d2t")
+    load_or_seed(model, case, skip=skip, own=DFLASH2_OWN if dflash2 else ())
     model.save_pretrained(out / "checkpoint")
     features, block = inputs["features"], inputs["block_ids"]
     length, k = features.shape[1], block.shape[1]
@@ -179,7 +192,7 @@ def run_speculators(case: dict, target, inputs: dict, out: Path) -> dict:
     loss_mask[0, anchor] = 1
     hidden_states = torch.cat((features, torch.zeros(1, total - length, features.shape[-1])), dim=1)
     with torch.no_grad():
-        _, logits, _, _, drawn = model._backbone_forward(
+        hidden, logits, _, _, drawn = model._backbone_forward(
             hidden_states,
             input_ids,
             loss_mask,
@@ -190,7 +203,26 @@ def run_speculators(case: dict, target, inputs: dict, out: Path) -> dict:
     if drawn.tolist() != list(range(anchor, anchor + k)):
         raise RuntimeError(f"speculators drew the block at {drawn.tolist()}, expected it at {anchor}..{anchor + k - 1}")
     logits = full_vocab_logits(logits.float(), draft_ids, target.config.vocab_size)
-    return {"logits": logits}, {"forward": "speculators DFlashDraftModel._backbone_forward (its trainer's mask)"}
+    result = {"logits": logits}
+    info = {"forward": f"speculators {builder.__name__}._backbone_forward (its trainer's mask)"}
+    if dflash2:
+        result["drafts"] = greedy_selector_chain(model.candidate_selector, hidden, logits, block[0, 0])
+        info["drafts"] = "greedy chain over speculators CandidateSelector.score_candidates, slot after slot"
+    return result, info
+
+
+def greedy_selector_chain(selector, hidden, logits, anchor) -> torch.Tensor:
+    """[1, k - 1] drafts: slot after slot, the top-k candidates scored by speculators' own `score_candidates`
+    given the draft before (the anchor first), the best kept; what vLLM's DFlash2 proposer runs greedily."""
+    predecessor, drafts = anchor.view(1), []
+    with torch.no_grad():
+        for slot in range(1, logits.shape[1]):
+            unary = logits[:, slot]
+            candidates = unary.topk(selector.top_k, dim=-1).indices
+            scores = selector.score_candidates(unary, hidden[:, slot], predecessor, candidates)
+            predecessor = candidates.gather(-1, scores.argmax(dim=-1, keepdim=True))[:, 0]
+            drafts.append(predecessor)
+    return torch.stack(drafts, dim=1)
 
 
 # -- SpecForge -------------------------------------------------------------------------------------------------
@@ -238,15 +270,37 @@ def run_specforge(case: dict, target, inputs: dict, out: Path) -> dict:
 RUNNERS = {"dflash": run_dflash, "speculators": run_speculators, "specforge": run_specforge}
 
 
-def load_or_seed(model: torch.nn.Module, case: dict, skip: tuple[str, ...]) -> None:
-    """Given weights (a trained drafter's tensors under the upstream names) or seeded random ones."""
+DFLASH2_OWN = ("_conv.", "candidate_selector.")  # DFlash2's own tensors: seeded, never in the given weights
+
+
+def load_or_seed(model: torch.nn.Module, case: dict, skip: tuple[str, ...], own: tuple[str, ...] = ()) -> None:
+    """Given weights (a trained drafter's tensors under the upstream names) or seeded random ones; the tensors
+    named by `own` (a DFlash2's convolutions and selector, which a DFlash drafter has none of) seeded either way."""
     if case.get("weights"):
         missing, unexpected = model.load_state_dict(load_file(case["weights"]), strict=False)
-        owned = [name for name in missing if not any(part in name for part in skip)]
+        owned = [name for name in missing if not any(part in name for part in skip + own)]
         if owned or unexpected:
             raise RuntimeError(f"weights do not fit the upstream model: missing {owned}, unexpected {unexpected}")
     else:
-        seeded_weights(model, case["seed"], skip)
+        seeded_weights(model, case["seed"], skip + own)
+    if own:
+        seeded_dflash2(model, case["seed"])
+
+
+def seeded_dflash2(model: torch.nn.Module, seed: int) -> None:
+    """A DFlash2's convolutions far from the identity they start as (each tap and the dynamic kernels matter) and
+    its selector's bigram scores as large as the logits' spread (so the selector changes picks)."""
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, parameter in sorted(model.named_parameters()):
+            noise = torch.randn(parameter.shape, generator=generator)
+            if name.endswith("base_kernel"):
+                parameter.copy_(0.3 * noise)
+                parameter[:, 0] += 1.0
+            elif name.endswith("kernel_projection.weight"):
+                parameter.copy_(0.3 * noise / parameter.shape[-1] ** 0.5)
+            elif "candidate_selector." in name:
+                parameter.copy_(noise / (parameter.shape[-1] ** 0.5 if name.endswith("projection.weight") else 1))
 
 
 def main(request_path: str) -> None:
