@@ -145,6 +145,18 @@ def test_speculators_export_of_windowed_drafters_round_trips(tmp_path, layer_typ
     _same_checkpoint(import_drafter(out, TARGET, tmp_path / "back").out, drafter)
 
 
+def test_speculators_export_of_a_dflash2_drafter_round_trips(tmp_path):
+    """dflash2 is written as speculators' DFlash2 layout (its four keys at the top level, blocks bidirectional) and
+    imported back as the same checkpoint; that speculators' own classes read it is the upstream stage's
+    test_export_speculators_is_read_by_speculators_own_classes."""
+    drafter = fixtures.drafter_dir("dflash2")
+    out = export_speculators(drafter, tmp_path / "spec", TARGET)
+    exported = json.loads((out / "config.json").read_text())
+    assert exported["speculators_model_type"] == "dflash2" and exported["selector_top_k"] == 16
+    assert exported["sliding_window_non_causal"] is True
+    _same_checkpoint(import_drafter(out, TARGET, tmp_path / "back").out, drafter)
+
+
 def test_speculators_export_refuses_per_slot_windows(tmp_path):
     """A per-slot window written as speculators would be read back (and trained on) per anchor: refused by name."""
     config, weights = load_drafter_files(_five_layer_parallel(tmp_path))

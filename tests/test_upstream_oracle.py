@@ -114,3 +114,40 @@ def test_a_dflash2_port_that_drops_a_piece_fails_its_row(workspace, monkeypatch,
         )
     with pytest.raises(CheckFailed, match=match):
         _block_check(_context(Workspace(workspace.root / f"broken-{broken}")), case)
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("kind", ["parallel", "dflash2"])
+def test_export_speculators_is_read_by_speculators_own_classes(tmp_path, kind):
+    """`portable-spec export speculators` of a trained fixture drafter, read by speculators 0.9.0's own config and
+    model classes (`SpeculatorModelConfig.from_pretrained`, its DFlash / DFlash2 model, every weight loaded
+    strictly): its forward drafts what the portable drafter drafts, slot by slot, and a dflash2's selector picks the
+    same drafts."""
+    _needs("speculators")
+    from portable_spec.adapters.upstream.speculators import export_speculators
+    from portable_spec.conformance.upstream_oracle.cases import CONTEXT
+    from portable_spec.conformance.upstream_oracle.oracle import oracle_inputs, run_loaded
+    from portable_spec.core import fixtures
+    from portable_spec.core.target import TargetModel
+
+    inputs = oracle_inputs()
+    exported = export_speculators(fixtures.drafter_dir(kind), tmp_path / "spec", fixtures.target_dir())
+    target = TargetModel.load(fixtures.target_dir())
+    drafter = target.load_drafter(fixtures.drafter_dir(kind))
+    k = drafter.config.block_size
+    variant = drafter.config.variant
+    dflash2 = {name: getattr(variant, name) for name in ("conv_kernel_size", "conv_group_size", "selector_rank",
+               "selector_top_k")} if kind == "dflash2" else None  # fmt: skip
+    answer = run_loaded("speculators", exported, k, dflash2, inputs, tmp_path / "oracle")
+    positions = torch.arange(CONTEXT)[None]
+    context = drafter.context_kv(inputs.features, positions)
+    valid = torch.ones(1, CONTEXT, dtype=torch.bool)
+    block = torch.tensor([[[inputs.anchor] + [drafter.config.mask_token_id] * (k - 1)]])
+    with torch.no_grad():
+        logits = drafter.block_logits(block, (CONTEXT + torch.arange(k))[None, None], context, valid, positions)
+    compare_slots(f"export speculators ({kind})", logits[0, 0, 1:].float(), answer.logits[0, 1:].float())
+    if kind == "dflash2":
+        drafts = drafter.propose(
+            context, valid, torch.tensor([inputs.anchor]), torch.tensor([CONTEXT]), k - 1, positions
+        )
+        assert drafts.tolist() == answer.drafts.tolist()

@@ -1,8 +1,9 @@
-"""`portable-spec export speculators`: a portable parallel drafter in vLLM speculators' DFlash layout, for users who
-keep that toolchain (vLLM reads it with `speculative_config={"model": OUT}` and no method).
+"""`portable-spec export speculators`: a portable parallel drafter in vLLM speculators' DFlash layout, or a dflash2 one
+in its DFlash2 layout (speculators 0.9.0 models/dflash2), for users who keep that toolchain (vLLM reads it with
+`speculative_config={"model": OUT}` and no method).
 
-Only `parallel` is expressible: speculators' DFlash has no shift-mix, so depth_causal (and the multi-pass
-autoregressive baseline) is refused with the way to serve it instead. Block causality is one flag there,
+Only `parallel` and `dflash2` are expressible: speculators' DFlash has no shift-mix, so depth_causal (and the
+multi-pass autoregressive baseline) is refused with the way to serve it instead. Block causality is one flag there,
 `sliding_window_non_causal`, read two ways: speculators' trainer makes sliding layers causal unless it is true and
 keeps full layers bidirectional; vLLM 0.32 turns it into the causality of every layer (`dflash_config.causal`). So a
 bidirectional drafter is written true, and a causal one only when every layer slides (both readings agree); a
@@ -17,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from portable_spec.adapters.upstream.layouts import DFLASH2_KEYS
 from portable_spec.core.checkpoint import load_drafter_files
 from portable_spec.core.drafter import target_ids_of
 from portable_spec.core.outputs import check_output_dir, write_dir_atomically
@@ -77,9 +79,14 @@ def speculators_config(config) -> dict:
         "layer_types": config.engine_layer_types(),
         **({"use_sliding_window": True, "sliding_window": config.sliding_window} if config.has_windows else {}),
     }
+    dflash2 = {}
+    if config.kind == "dflash2":  # speculators 0.9.0 DFlash2SpeculatorConfig: the four keys at the top level
+        variant = config.variant
+        dflash2 = {name: getattr(variant, name) for name in DFLASH2_KEYS}
     return {
-        "architectures": ["DFlashSpeculator"],
-        "speculators_model_type": "dflash",
+        "architectures": ["DFlash2DraftModel"] if dflash2 else ["DFlashSpeculator"],
+        "speculators_model_type": "dflash2" if dflash2 else "dflash",
+        **dflash2,
         "transformer_layer_config": layer,
         "draft_vocab_size": config.scored_vocab_size,
         "block_size": config.block_size,
@@ -103,11 +110,11 @@ def export_speculators(drafter_dir: Path, out: Path, target_dir: Path | None = N
     needed."""
     drafter_dir, out = Path(drafter_dir), Path(out)
     config, weights = load_drafter_files(drafter_dir)
-    if config.kind != "parallel":
+    if config.kind not in ("parallel", "dflash2"):
         raise SpecError(
-            f"{drafter_dir}: variant={config.kind} cannot be expressed in the speculators format (its DFlash has no "
-            "shift-mix and a bidirectional block); serve it through portable-spec's vLLM plugin instead: "
-            f'speculative_config={{"method": "dflash", "model": "{drafter_dir}"}}'
+            f"{drafter_dir}: variant={config.kind} cannot be expressed in the speculators format (its DFlash and "
+            "DFlash2 have no shift-mix and a bidirectional block); serve it through portable-spec's vLLM plugin "
+            f'instead: speculative_config={{"method": "dflash", "model": "{drafter_dir}"}}'
         )
     if target_dir is None:
         raise SpecError(

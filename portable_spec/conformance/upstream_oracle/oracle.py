@@ -83,6 +83,44 @@ class OracleAnswer:
     drafts: torch.Tensor | None = None  # [1, k - 1]: a DFlash2's selector picks (greedy), where the case has them
 
 
+def run_loaded(package: str, directory: Path, block_size: int, dflash2: dict | None, inputs: OracleInputs, root: Path):
+    """A directory written elsewhere (portable-spec's `export speculators`) read and run by the package's own classes
+    (worker.load_saved_speculator) on the oracle inputs: its OracleAnswer."""
+    python = venv_python(package)
+    out = root / package / "loaded"
+    out.mkdir(parents=True, exist_ok=True)
+    block = torch.tensor([[inputs.anchor] + [1] * (block_size - 1)])
+    save_file({"features": inputs.features.contiguous(), "block_ids": block}, str(out / "inputs.safetensors"))
+    case = {"name": "loaded", "load": str(directory), "dflash2": dflash2, "out": str(out)}
+    request = root / package / "loaded-request.json"
+    request.write_text(
+        json.dumps(
+            {
+                "package": package,
+                "target_dir": str(inputs.target),
+                "cases": [{**case, "inputs": str(out / "inputs.safetensors")}],
+            }
+        )
+    )
+    _run_worker(python, request, package)
+    tensors = load_file(str(out / "oracle.safetensors"))
+    return OracleAnswer(
+        directory, tensors["logits"], json.loads((out / "oracle.json").read_text()), tensors.get("drafts")
+    )
+
+
+def _run_worker(python: Path, request: Path, package: str) -> None:
+    done = subprocess.run(
+        [str(python), str(WORKER), str(request)],
+        capture_output=True,
+        text=True,
+        timeout=WORKER_TIMEOUT,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"},
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{package}'s worker failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+
+
 def run_package(package: str, inputs: OracleInputs, root: Path) -> dict[str, OracleAnswer]:
     """Every case of `package` through its own code in its venv: case name -> OracleAnswer."""
     python = venv_python(package)
@@ -104,15 +142,7 @@ def run_package(package: str, inputs: OracleInputs, root: Path) -> dict[str, Ora
         cases.append(described)
     request = root / package / "request.json"
     request.write_text(json.dumps({"package": package, "target_dir": str(inputs.target), "cases": cases}))
-    done = subprocess.run(
-        [str(python), str(WORKER), str(request)],
-        capture_output=True,
-        text=True,
-        timeout=WORKER_TIMEOUT,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "TOKENIZERS_PARALLELISM": "false"},
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{package}'s worker failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}")
+    _run_worker(python, request, package)
     answers = {}
     for case in cases:
         out = Path(case["out"])

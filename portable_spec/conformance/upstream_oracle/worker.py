@@ -154,32 +154,13 @@ def run_speculators(case: dict, target, inputs: dict, out: Path) -> dict:
     from speculators.models.dflash2 import DFlash2DraftModel
 
     dflash2 = case.get("dflash2")
-
-    config = layer_config(case, target.config)
+    builder = DFlash2DraftModel if dflash2 is not None else DFlashDraftModel
     draft_ids = inputs.get("draft_ids")
-    t2d = d2t = None
-    if draft_ids is not None:
-        t2d = torch.zeros(target.config.vocab_size, dtype=torch.bool)
-        t2d[draft_ids] = True
-        ordered = draft_ids.sort().values  # speculators' d2t: draft id -> target id offset, in target-id order
-        d2t = ordered - torch.arange(len(ordered))
-        draft_ids = ordered
-    kwargs = {
-        "verifier_name_or_path": case["target_dir"],
-        "target_layer_ids": [i + 1 for i in case["target_layer_ids"]],  # HF hidden_states indices
-        "draft_vocab_size": len(draft_ids) if draft_ids is not None else target.config.vocab_size,
-        "block_size": case["block_size"],
-        "mask_token_id": case["mask_token_id"],
-        "draft_attn_impl": "sdpa",
-    }
-    if case.get("causal") is not None:  # speculators' switch is the opposite: sliding_window_non_causal
-        kwargs["sliding_window_non_causal"] = not case["causal"]
-    torch.manual_seed(case["seed"])
-    builder = DFlash2DraftModel if dflash2 else DFlashDraftModel
-    model = builder.from_training_args(config, t2d=t2d, d2t=d2t, **kwargs, **(dflash2 or {})).float().eval()
-    skip = ("embed_tokens", "lm_head", "verifier_", "t2d", "d2t")
-    load_or_seed(model, case, skip=skip, own=DFLASH2_OWN if dflash2 else ())
-    model.save_pretrained(out / "checkpoint")
+    if case.get("load"):  # a directory written elsewhere (portable-spec's export): read by speculators' own classes
+        model = load_saved_speculator(builder, Path(case["load"]))
+    else:
+        model, draft_ids = built_speculator(builder, case, target, draft_ids)
+        model.save_pretrained(out / "checkpoint")
     features, block = inputs["features"], inputs["block_ids"]
     length, k = features.shape[1], block.shape[1]
     anchor = length  # the block's slot 0 sits right after the context, as in decoding
@@ -209,6 +190,54 @@ def run_speculators(case: dict, target, inputs: dict, out: Path) -> dict:
         result["drafts"] = greedy_selector_chain(model.candidate_selector, hidden, logits, block[0, 0])
         info["drafts"] = "greedy chain over speculators CandidateSelector.score_candidates, slot after slot"
     return result, info
+
+
+def built_speculator(builder, case: dict, target, draft_ids):
+    """speculators' drafter through its trainer's builder (`from_training_args`, verifier = the fixture target), with
+    the case's weights; returns it and the draft ids in speculators' d2t order (None: the full vocabulary)."""
+    config = layer_config(case, target.config)
+    t2d = d2t = None
+    if draft_ids is not None:
+        t2d = torch.zeros(target.config.vocab_size, dtype=torch.bool)
+        t2d[draft_ids] = True
+        ordered = draft_ids.sort().values  # speculators' d2t: draft id -> target id offset, in target-id order
+        d2t = ordered - torch.arange(len(ordered))
+        draft_ids = ordered
+    kwargs = {
+        "verifier_name_or_path": case["target_dir"],
+        "target_layer_ids": [i + 1 for i in case["target_layer_ids"]],  # HF hidden_states indices
+        "draft_vocab_size": len(draft_ids) if draft_ids is not None else target.config.vocab_size,
+        "block_size": case["block_size"],
+        "mask_token_id": case["mask_token_id"],
+        "draft_attn_impl": "sdpa",
+    }
+    if case.get("causal") is not None:  # speculators' switch is the opposite: sliding_window_non_causal
+        kwargs["sliding_window_non_causal"] = not case["causal"]
+    torch.manual_seed(case["seed"])
+    dflash2 = case.get("dflash2")
+    model = builder.from_training_args(config, t2d=t2d, d2t=d2t, **kwargs, **(dflash2 or {})).float().eval()
+    skip = ("embed_tokens", "lm_head", "verifier_", "t2d", "d2t")
+    load_or_seed(model, case, skip=skip, own=DFLASH2_OWN if dflash2 else ())
+    return model, draft_ids
+
+
+def load_saved_speculator(builder, directory: Path):
+    """A saved speculators checkpoint through speculators' own config class and model class: its config.json parsed
+    by `SpeculatorModelConfig.from_pretrained` (which picks the class registered for `speculators_model_type`), the
+    model built from it and every weight of model.safetensors loaded strictly but the verifier's own copies, which
+    its `from_pretrained` would fetch from the verifier named in the file (the hub: not reachable here)."""
+    from speculators import SpeculatorModelConfig
+
+    config = SpeculatorModelConfig.from_pretrained(str(directory))
+    model = builder(config).float().eval()
+    state = load_file(str(directory / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [name for name in missing if not name.startswith("verifier_")]
+    if missing or unexpected:
+        raise RuntimeError(
+            f"{directory} does not fit speculators' {builder.__name__}: missing {missing}, unexpected {unexpected}"
+        )
+    return model
 
 
 def greedy_selector_chain(selector, hidden, logits, anchor) -> torch.Tensor:
