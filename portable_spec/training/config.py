@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from portable_spec.core.errors import validation_line
 from portable_spec.core.real_target import FIXTURE_TARGET, KNOWN_TARGETS
-from portable_spec.core.spec import VARIANT_KINDS, SpecError
+from portable_spec.core.spec import VARIANT_KINDS, SpecError, read_json_object
 from portable_spec.core.variants import behaviour_of
 from portable_spec.training.sharegpt import PromptTurns
 
@@ -268,8 +268,6 @@ def read_run_file(path: Path, kind: str | None = None) -> dict:
     recipe file may add `"kinds": {kind: {field: value}}`, the settings of each kind it trains (the shipped SmolLM2
     recipe's intermediate sizes and warm starts); those of `kind` (or of the file's own drafter kind) apply. Relative
     paths in the file (PATH_FIELDS) are relative to the file's folder."""
-    from portable_spec.core.spec import read_json_object
-
     text = read_json_object(Path(path), "pass a JSON run file as portable-spec train writes (<work>/<name>-run.json)")
     kinds = text.pop("kinds", {})
     flat: dict = {}
