@@ -184,27 +184,27 @@ def check_reply_length(target_dir: Path, replies: ReplyConfig, prompts: PromptCo
 
 
 def check_dflash2_sizes(target_dir: Path, shape: DrafterShape) -> None:
-    """A dflash2's convolution groups divide the drafter's width (the target's) and its selector's top-k fits the
-    vocabulary: read from the target's config.json, before the weights load (spec.DrafterConfig says the same)."""
-    from portable_spec.core.spec import DFlash2Variant
+    """A dflash2's sizes against the target's width and vocabulary (spec.dflash2_problem, the rule DrafterConfig
+    applies), read from its config.json before the weights load, named as flags."""
+    from portable_spec.core.spec import DFlash2Variant, dflash2_problem
     from portable_spec.core.target_checks import check_target_dir
 
     if shape.kind != DFlash2Variant.model_fields["kind"].default:
         return
     config = check_target_dir(Path(target_dir))
+
+    def shown(field: str, value) -> str:
+        return (
+            f"the target's {field}={value}" if field in ("hidden_size", "vocab_size") else f"{flag_of(field)} {value}"
+        )
+
     variant = DFlash2Variant(**shape.variant_options())
-    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
-    if hidden and hidden % variant.conv_group_size:
-        raise SpecError(
-            f"--conv-group-size {variant.conv_group_size} does not divide the target's hidden_size={hidden}; pick a "
-            "divisor"
-        )
-    if vocab and variant.selector_top_k > vocab:
-        raise SpecError(f"--selector-top-k {variant.selector_top_k} exceeds the target's vocab_size={vocab}")
-    if variant.conv_kernel_size > shape.block_size:
-        raise SpecError(
-            f"--conv-kernel-size {variant.conv_kernel_size} is wider than --block-size {shape.block_size}; use fewer"
-        )
+    # a config.json without these at the top (a nested text_config) leaves their rules to DrafterConfig, after loading
+    hidden = config.get("hidden_size") or variant.conv_group_size
+    vocab = config.get("vocab_size") or variant.selector_top_k
+    problem = dflash2_problem(variant, hidden, vocab, shape.block_size, shown)
+    if problem:
+        raise SpecError(problem)
 
 
 def _check_outputs(args: argparse.Namespace, run: TrainRun) -> None:

@@ -200,13 +200,7 @@ class Drafter(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """DFlash2: one pass over [anchor, MASK...], then the candidate selector picks the drafts slot after slot
         (selector.py); the selector's probability of each pick serves confidence cuts."""
-        block = torch.full(
-            (anchor_tokens.shape[0], 1, width),
-            self.config.mask_token_id,
-            dtype=torch.int64,
-            device=anchor_tokens.device,
-        )
-        block[:, 0, 0] = anchor_tokens
+        block = anchor_block(self.config, anchor_tokens, width)
         positions = anchor_positions[:, None, None] + torch.arange(width, device=block.device)
         hidden = self.block_hidden(block, positions, context, context_valid, context_positions)[
             :, 0, 1 : num_drafts + 1
@@ -267,6 +261,15 @@ def check_draft_vocab(target_ids: torch.Tensor, config: DrafterConfig, source: s
         )
 
 
+def anchor_block(config: DrafterConfig, anchor_tokens: torch.Tensor, width: int) -> torch.Tensor:
+    """[B, 1, width] block ids: each request's anchor, then the mask token (what every propose path drafts from)."""
+    block = torch.full(
+        (anchor_tokens.shape[0], 1, width), config.mask_token_id, dtype=torch.int64, device=anchor_tokens.device
+    )
+    block[:, 0, 0] = anchor_tokens
+    return block
+
+
 def greedy_drafts(
     run_block,  # block ids [B, 1, width] at positions anchor .. anchor + width - 1 -> logits [B, 1, width, V]
     config: DrafterConfig,
@@ -278,10 +281,7 @@ def greedy_drafts(
     greedy drafts [B, n] and the drafter's probability of each [B, n]. Single-pass kinds read the n drafts from
     one [anchor, MASK...] block; the autoregressive kind runs one pass per draft, writing each draft into the
     block (causal, so the unfilled tail never reaches the slot being read)."""
-    block = torch.full(
-        (anchor_tokens.shape[0], 1, width), config.mask_token_id, dtype=torch.int64, device=anchor_tokens.device
-    )
-    block[:, 0, 0] = anchor_tokens
+    block = anchor_block(config, anchor_tokens, width)
     if not behaviour_of(config.kind).autoregressive:
         return greedy_with_probability(run_block(block)[:, 0, 1 : num_drafts + 1])
     probabilities = []

@@ -228,6 +228,32 @@ def layer_attention_problem(
     return None
 
 
+def _config_value(field: str, value) -> str:
+    return f"variant.{field}={value}" if field in DFlash2Variant.model_fields else f"{field}={value}"
+
+
+def dflash2_problem(
+    variant: "DFlash2Variant", hidden_size: int, vocab_size: int, block_size: int, shown=_config_value
+) -> str | None:
+    """What is wrong with a dflash2 variant for a drafter of this width, vocabulary and block, or None: the rules
+    of DrafterConfig, also what `portable-spec train` checks from the target's config.json before any weights load
+    (`shown(field, value)` names each field as the caller's user wrote it). speculators 0.9.0 models/dflash2/core.py
+    and model_definitions.py refuse the same."""
+    if hidden_size % variant.conv_group_size:
+        return (
+            f"{shown('conv_group_size', variant.conv_group_size)} does not divide "
+            f"{shown('hidden_size', hidden_size)}; pick a divisor"
+        )
+    if variant.conv_kernel_size > block_size:
+        return (
+            f"{shown('conv_kernel_size', variant.conv_kernel_size)} is wider than {shown('block_size', block_size)}; "
+            "a convolution along the block has at most block_size taps"
+        )
+    if variant.selector_top_k > vocab_size:
+        return f"{shown('selector_top_k', variant.selector_top_k)} exceeds {shown('vocab_size', vocab_size)}; use fewer"
+    return None
+
+
 class DrafterConfig(_Strict):
     """Everything needed to rebuild the drafter; `model.safetensors` holds only drafter-owned weights."""
 
@@ -349,25 +375,14 @@ class DrafterConfig(_Strict):
             raise ValueError(problem)
 
     def _check_dflash2(self) -> None:
-        """What DFlash2's convolutions and selector need of the drafter's shape (speculators 0.9.0
-        models/dflash2/core.py and model_definitions.py refuse the same)."""
+        """What DFlash2's convolutions and selector need of the drafter's shape (dflash2_problem), and its full
+        vocabulary."""
         variant = self.variant
         if not isinstance(variant, DFlash2Variant):
             return
-        if self.hidden_size % variant.conv_group_size:
-            raise ValueError(
-                f"variant.conv_group_size={variant.conv_group_size} does not divide hidden_size={self.hidden_size}; "
-                "pick a divisor"
-            )
-        if variant.conv_kernel_size > self.block_size:
-            raise ValueError(
-                f"variant.conv_kernel_size={variant.conv_kernel_size} is wider than block_size={self.block_size}; "
-                "a convolution along the block has at most block_size taps"
-            )
-        if variant.selector_top_k > self.vocab_size:
-            raise ValueError(
-                f"variant.selector_top_k={variant.selector_top_k} exceeds vocab_size={self.vocab_size}; use fewer"
-            )
+        problem = dflash2_problem(variant, self.hidden_size, self.vocab_size, self.block_size)
+        if problem:
+            raise ValueError(problem)
         if self.draft_vocab_size is not None:
             raise ValueError(
                 f"draft_vocab_size={self.draft_vocab_size}: a dflash2 drafter scores the full vocabulary (its "

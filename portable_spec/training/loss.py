@@ -74,7 +74,7 @@ def selector_losses(
     draft slots, true_tokens [B, A, k] (the anchor, then each slot's target)."""
     selector = drafter.candidate_selector
     targets, predecessors = true_tokens[..., 1:], true_tokens[..., :-1]
-    candidates = logits.topk(selector.top_k, dim=-1).indices  # the serving candidate set
+    candidates = selector.candidates(logits)[1]  # the serving candidate set
     present = candidates.eq(targets[..., None])
     found = present.any(dim=-1)
     label = torch.where(found, present.to(torch.int64).argmax(dim=-1), selector.top_k - 1)

@@ -109,8 +109,9 @@ def prepare_prompts(
     batch: int = 64,
 ) -> list[list[int]]:
     """Train prompts (cached in work_dir): the data set's, then `prompts.target_prompts` the target writes
-    (`target_writer()` makes the writer, only then; sampled from `seed`, `batch` a call); the held-out split is written beside them for benchmarks. A
-    prepared work dir is reused only for the settings it was prepared with (else one error naming what changed)."""
+    (`target_writer()` makes the writer, only then; sampled from `seed`, `batch` a call); the held-out split is
+    written beside them for benchmarks. A prepared work dir is reused only for the settings it was prepared with
+    (else one error naming what changed)."""
     layout = WorkDir(work_dir)
     train_file, heldout_file, settings_file = layout.train_prompts, layout.heldout_prompts, layout.prompt_settings
     settings = prompts.model_dump()
