@@ -17,15 +17,15 @@ from portable_spec.training.config import TrainConfig
 from portable_spec.training.loop import train_loop
 
 
-def stream_batches(target: TargetModel, stream: torch.Tensor, config: "TrainConfig", layer_ids: list[int], k: int):
+def stream_batches(target: TargetModel, stream: torch.Tensor, config: "TrainConfig", layer_ids: list[int], span: int):
     """draw(step, rows) for training on a raw token stream: global batch `step` is random windows and anchors from
     the step's generator; the frozen target computes the features of the rows asked."""
 
     def draw(step: int, rows: slice = slice(None)):
         generator = step_generator(config.seed, step)
         tokens = sample_windows(stream, config.seq_len, config.batch_size, generator)[rows].to(target.device)
-        scores = torch.rand(config.batch_size, config.seq_len - k, generator=generator)[rows]
-        anchors = (1 + scores.argsort(dim=1)[:, : config.anchors_per_seq]).to(target.device)  # distinct, [1, T - k]
+        scores = torch.rand(config.batch_size, config.seq_len - span, generator=generator)[rows]
+        anchors = (1 + scores.argsort(dim=1)[:, : config.anchors_per_seq]).to(target.device)  # distinct, [1, T - span]
         positions = torch.arange(config.seq_len, device=target.device).expand(len(tokens), -1)
         features = target.features(tokens, positions, torch.ones_like(tokens, dtype=torch.bool), layer_ids)
         return tokens, features, anchors
@@ -59,5 +59,5 @@ def train_drafter(
             f"stream holds token ids outside [0, {vocab}) (min {int(stream.min())}, max "
             f"{int(stream.max())}); tokenize with the target's tokenizer"
         )
-    draw = stream_batches(target, stream, config, drafter_config.target_layer_ids, drafter_config.block_size)
+    draw = stream_batches(target, stream, config, drafter_config.target_layer_ids, drafter_config.label_span)
     return train_loop(target, drafter_config, draw, config, out_dir, state_dir, progress, heldout=heldout)

@@ -655,7 +655,7 @@ CASES = [
                 "a missing layer weight",
                 r"lacks 1 weight\(s\) a parallel drafter with num_hidden_layers=2 needs: \['layers\.1\.mlp\.up_proj",
             ),
-            ("up_dspark", "speculators_model_type dspark", r"speculators_model_type = \"dspark\" is not dflash"),
+            ("up_xpress", "speculators_model_type xpress", r"speculators_model_type = \"xpress\" is not dflash"),
             (
                 "up_aux_out_of_range",
                 "aux layer ids past the target",
@@ -925,7 +925,7 @@ def _upstream_inputs(root: Path, parallel: Path) -> dict[str, Path]:
         "up_chunked": config_change(layer_types=["chunked_attention", "full_attention"]),
     }
     speculators = {
-        "up_dspark": config_change(speculators_model_type="dspark"),
+        "up_xpress": config_change(speculators_model_type="xpress"),
         "up_aux_out_of_range": config_change(aux_hidden_state_layer_ids=[1, 2, 10]),
     }
     paths = {}

@@ -84,7 +84,7 @@ def test_the_selector_picks_by_unary_plus_bigram_scores_slot_after_slot(target):
     generator = torch.Generator().manual_seed(1)
     hidden, logits = torch.randn(2, 5, 64, generator=generator), torch.randn(2, 5, 256, generator=generator)
     anchor = torch.tensor([7, 9])
-    drafts, probability = selector.select(hidden, logits, anchor)
+    drafts, probability, _ = selector.select(hidden, logits, anchor)
     for row in range(2):  # written out: every candidate's score, one slot at a time
         previous = int(anchor[row])
         for slot in range(5):

@@ -91,7 +91,7 @@ def test_a_misread_window_or_block_attention_fails_its_row(workspace, package, n
     "broken,match",
     [
         ("conv", "differ from the upstream's own forward"),  # the convolutions' taps along the block
-        ("selector", "selector drafts"),  # the bigram scores of the candidate selector
+        ("selector", r"drafts \[\[.*dflash's own"),  # the bigram scores of the candidate selector
     ],
 )
 def test_a_dflash2_port_that_drops_a_piece_fails_its_row(workspace, monkeypatch, broken, match):
@@ -117,7 +117,51 @@ def test_a_dflash2_port_that_drops_a_piece_fails_its_row(workspace, monkeypatch,
 
 
 @pytest.mark.upstream
-@pytest.mark.parametrize("kind", ["parallel", "dflash2"])
+@pytest.mark.parametrize(
+    "broken,name",
+    [
+        ("no_bias", "dspark_b8"),  # the Markov bias left out: DFlash's logits
+        ("previous", "dspark_gated"),  # sample_from_anchor's previous-token rule where it is false
+        ("previous", "dspark_rnn_dflash"),
+    ],
+)
+def test_a_dspark_port_that_misreads_a_piece_fails_its_row(workspace, monkeypatch, broken, name):
+    """The DSpark rows tell the pieces apart: speculators' own heads, teacher-forced and chained, disagree with a
+    port that drops the bias or takes the from-anchor previous tokens where sample_from_anchor is false. (That the
+    chain is the teacher-forced function on its own drafts, the recurrence from slot 0 included, is
+    tests/test_dspark.py's.)"""
+    _needs("speculators")
+    from portable_spec.core import drafter, markov
+
+    if broken == "no_bias":
+        step = markov.MarkovHead.step
+        monkeypatch.setattr(markov.MarkovHead, "step", lambda self, *a: (step(self, *a)[0], step(self, *a)[1] * 0))
+    else:
+        monkeypatch.setattr(drafter, "previous_tokens", lambda block_tokens, from_anchor: block_tokens)
+    case = next(c for c in CASES if c.package == "speculators" and c.name == name)
+    with pytest.raises(CheckFailed, match="differ from the upstream's own forward|speculators's own"):
+        _block_check(_context(Workspace(workspace.root / f"broken-{broken}-{name}")), case)
+
+
+@pytest.mark.upstream
+def test_the_dspark_rows_markov_chains_change_picks(workspace):
+    """Each DSpark row's upstream drafts differ from the plain argmax of the same block's unbiased logits in some
+    slot, so the chained-drafts compare tests the chain, not DFlash's argmax."""
+    _needs("speculators")
+    from portable_spec.conformance.upstream_oracle.checks import _answer, _block_logits, _imported, _inputs
+
+    ctx = _context(workspace)
+    for case in (c for c in CASES if c.dspark):
+        answer = _answer(ctx, case)
+        logits = _block_logits(ctx.backend, case, _imported(ctx, case, answer), _inputs(ctx))  # slots 1..k-1
+        plain = logits.argmax(-1).tolist()
+        drafts = answer.drafts[0].tolist()
+        offset = 1 if case.dspark.get("sample_from_anchor", True) else 0  # drafts[i] is slot i (+1 without anchor)
+        assert drafts[offset:] != plain[: len(drafts) - offset], case.id
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize("kind", ["parallel", "dflash2", "dspark"])
 def test_export_speculators_is_read_by_speculators_own_classes(tmp_path, kind):
     """`portable-spec export speculators` of a trained fixture drafter, read by speculators 0.9.0's own config and
     model classes (`SpeculatorModelConfig.from_pretrained`, its DFlash / DFlash2 model, every weight loaded
@@ -135,19 +179,19 @@ def test_export_speculators_is_read_by_speculators_own_classes(tmp_path, kind):
     target = TargetModel.load(fixtures.target_dir())
     drafter = target.load_drafter(fixtures.drafter_dir(kind))
     k = drafter.config.block_size
-    variant = drafter.config.variant
-    dflash2 = {name: getattr(variant, name) for name in ("conv_kernel_size", "conv_group_size", "selector_rank",
-               "selector_top_k")} if kind == "dflash2" else None  # fmt: skip
-    answer = run_loaded("speculators", exported, k, dflash2, inputs, tmp_path / "oracle")
+    own = {kind: True} if kind != "parallel" else {}  # the worker's builder; the switches come from config.json
+    answer = run_loaded("speculators", exported, k, own, inputs, tmp_path / "oracle")
     positions = torch.arange(CONTEXT)[None]
     context = drafter.context_kv(inputs.features, positions)
     valid = torch.ones(1, CONTEXT, dtype=torch.bool)
     block = torch.tensor([[[inputs.anchor] + [drafter.config.mask_token_id] * (k - 1)]])
+    slots = drafter.draft_slots(drafter.config.max_draft_tokens)
     with torch.no_grad():
-        logits = drafter.block_logits(block, (CONTEXT + torch.arange(k))[None, None], context, valid, positions)
-    compare_slots(f"export speculators ({kind})", logits[0, 0, 1:].float(), answer.logits[0, 1:].float())
-    if kind == "dflash2":
+        hidden = drafter.block_hidden(block, (CONTEXT + torch.arange(k))[None, None], context, valid, positions)
+        logits = drafter.teacher_forced_logits(hidden, inputs.true_tokens(k)[None])[0, 0]
+    compare_slots(f"export speculators ({kind})", logits.float(), answer.logits[0, slots].float())
+    if kind != "parallel":
         drafts = drafter.propose(
-            context, valid, torch.tensor([inputs.anchor]), torch.tensor([CONTEXT]), k - 1, positions
+            context, valid, torch.tensor([inputs.anchor]), torch.tensor([CONTEXT]), slots.stop - slots.start, positions
         )
         assert drafts.tolist() == answer.drafts.tolist()

@@ -112,7 +112,7 @@ class OnnxBackend(DecoderBackend):
 
     name = "onnx"
     # the graph returns block logits; a candidate selector's picks after them are not in it (onnx_export refuses)
-    kinds_supported = tuple(kind for kind, behaviour in VARIANTS.items() if not behaviour.candidate_selector)
+    kinds_supported = tuple(kind for kind, behaviour in VARIANTS.items() if not behaviour.sequential_head)
 
     def __init__(self) -> None:
         self._graphs: dict[tuple[str, str], OnnxDrafterGraph] = {}

@@ -208,11 +208,12 @@ def export_bound_drafter(
 
 def bind_for_export(target: TargetModel, drafter: Drafter) -> BoundDrafter:
     """Checks that fail before any file is written: the kind, binding and dtype."""
-    if drafter.behaviour.candidate_selector:
+    if drafter.behaviour.sequential_head:
+        head = "candidate selector" if drafter.behaviour.candidate_selector else "Markov head"
         raise SpecError(
             f"variant={drafter.config.kind}: the ONNX graph returns block logits, and a {drafter.config.kind} "
-            "drafter's drafts come from its candidate selector after them, which the ONNX proposer does not run "
-            "yet; run it with the reference backend (`portable-spec generate`)"
+            f"drafter's drafts come from its {head} after them, slot after slot, which the ONNX proposer does not "
+            "run yet; run it with the reference backend (`portable-spec generate`)"
         )
     target.require_bound(drafter)
     if target.model.dtype != torch.float32 or drafter.fc.weight.dtype != torch.float32:

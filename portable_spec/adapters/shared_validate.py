@@ -46,8 +46,8 @@ def check_servable(
         )
     if not behaviour_of(config.kind).dflash_shaped:
         raise SpecError(
-            f"{source}: variant {config.kind!r} has no {engine} route through portable-spec yet: its convolutions "
-            f"and candidate selector are not DFlash's layers, so {engine}'s {proposer} cannot run it as a "
+            f"{source}: variant {config.kind!r} has no {engine} route through portable-spec yet: its "
+            f"{behaviour_of(config.kind).extras} are not DFlash's, so {engine}'s {proposer} cannot run it as a "
             f"portable checkpoint ({engine}'s own {config.variant.engine_architecture} class reads z-lab and "
             "speculators checkpoints). fix: run it with `portable-spec generate` (reference backend)"
         )

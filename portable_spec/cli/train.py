@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
     run_ = read_run(args)
     ranks = parallel.from_environment()  # torchrun's; one process is world 1
-    check_shapes(run_.drafter.block_size, run_.train)  # before any model loads
+    check_shapes(run_.drafter.block_size, run_.drafter.label_span, run_.train)  # before any model loads
     if run_.eval.active:
         run_.eval.check_blocks(run_.drafter.block_size)
     parallel.check_batch(ranks, run_.train.batch_size, run_.train.grad_accum)

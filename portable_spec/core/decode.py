@@ -23,9 +23,9 @@ from portable_spec.core.dispatch import verify_op  # the torch twin (== verify) 
 from portable_spec.core.draft_length import DraftLengthPolicy, SlotAcceptance
 from portable_spec.core.drafter import Drafter
 from portable_spec.core.matmul_layout import LayoutTable, measured_linears
-from portable_spec.core.noise import VerifyNoise
+from portable_spec.core.noise import VerifyNoise, draft_uniforms
 from portable_spec.core.proposer import DraftProposer, TorchProposer
-from portable_spec.core.sampling import SamplingBatch, SamplingParams
+from portable_spec.core.sampling import MIN_TEMPERATURE, DraftSampler, SamplingBatch, SamplingParams
 from portable_spec.core.spec import SpecError
 from portable_spec.core.target import TargetModel
 from portable_spec.core.verify import VerifyResult
@@ -302,8 +302,9 @@ class SpeculativeDecoder:
             self._catch_up(state)  # untimed: its cost belongs to the plain rounds it catches up on
         measured = self._measured_count()
         start = self._tick() if policy is not None else 0.0
+        draft_probs = None
         if drafting:
-            drafts, round_drafts = self._propose(
+            drafts, round_drafts, draft_probs = self._propose(
                 self.proposer,
                 state.context,
                 state.layout.valid,
@@ -311,6 +312,7 @@ class SpeculativeDecoder:
                 state.anchor_pos,
                 num_drafts,
                 config.draft_confidence,
+                self._draft_sampler(state, num_drafts),
             )
             state.stats.drafter_passes += self.proposer.passes_per_round(num_drafts)
             if policy is not None:
@@ -330,7 +332,7 @@ class SpeculativeDecoder:
         state.stats.rounds += 1
         noise = self._noise(config, state.request_ids, state.anchor_pos + 1, n, logits.shape[-1])
         return (
-            verify_op(logits, drafts, state.sampling, noise, num_drafts=round_drafts),
+            verify_op(logits, drafts, state.sampling, noise, draft_probs, num_drafts=round_drafts),
             chain_pos,
             features,
             round_drafts,
@@ -384,15 +386,35 @@ class SpeculativeDecoder:
         synchronize(self.target.device)
         return self.clock()
 
+    def _draft_sampler(self, state: "_DecodeState", num_drafts: int) -> DraftSampler | None:
+        """The sampler of a proposer that draws its drafts (proposer.py) when some request samples; else None."""
+        sampling = state.sampling
+        if not getattr(self.proposer, "samples_drafts", False) or not bool(
+            (sampling.temperature >= MIN_TEMPERATURE).any()
+        ):
+            return None
+        uniforms = draft_uniforms(
+            state.config.seed, state.request_ids, state.anchor_pos + 1, num_drafts, self.target.vocab_size
+        )
+        return DraftSampler(sampling, uniforms)
+
     @staticmethod
-    def _propose(proposer, context, valid, anchor, anchor_pos, num_drafts: int, confidence: float):
-        """Drafts [B, n] and, when cut by confidence, each row's draft count [B] (n = the longest row's)."""
-        if confidence == 0:
-            return proposer.propose(context, valid, anchor, anchor_pos, num_drafts), None
-        drafts, probability = proposer.propose_scored(context, valid, anchor, anchor_pos, num_drafts)
+    def _propose(proposer, context, valid, anchor, anchor_pos, num_drafts: int, confidence: float, sampler=None):
+        """Drafts [B, n], when cut by confidence each row's draft count [B] (n = the longest row's), and the q [B, n, V]
+        sampled drafts were drawn from (None: greedy drafts, q one-hot)."""
+        q = None
+        if sampler is not None:
+            drafts, probability, q = proposer.propose_sampled(context, valid, anchor, anchor_pos, num_drafts, sampler)
+            if confidence == 0:
+                return drafts, None, q
+        elif confidence == 0:
+            return proposer.propose(context, valid, anchor, anchor_pos, num_drafts), None, None
+        else:
+            drafts, probability = proposer.propose_scored(context, valid, anchor, anchor_pos, num_drafts)
         confident = probability.cumprod(dim=1) >= confidence  # [B, n]
         per_row = confident.to(torch.int64).cumprod(dim=1).sum(dim=1).clamp(min=1)  # at least one draft
-        return drafts[:, : int(per_row.max())], per_row
+        longest = int(per_row.max())
+        return drafts[:, :longest], per_row, None if q is None else q[:, :longest]
 
     @staticmethod
     def _noise(config: GenerationConfig, request_ids, first_positions, num_drafts: int, vocab: int) -> VerifyNoise:

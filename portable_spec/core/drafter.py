@@ -15,6 +15,7 @@ from torch import nn
 from portable_spec.core.attention import BlockMask, anchor_window_mask, window_mask, within_block_mask
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
 from portable_spec.core.drafter_layers import DrafterLayer, rotary_cos_sin, rotary_frequencies
+from portable_spec.core.markov import ConfidenceHead, MarkovHead, previous_tokens
 from portable_spec.core.selector import CandidateSelector
 from portable_spec.core.spec import DrafterConfig, LayerAttention, SpecError
 from portable_spec.core.variants import behaviour_of
@@ -54,6 +55,18 @@ class Drafter(nn.Module):
             self.candidate_selector = CandidateSelector(
                 config.vocab_size, config.hidden_size, variant.selector_rank, variant.selector_top_k
             )
+        if self.behaviour.markov_head:  # DSpark: a bias from the token before each slot, and a confidence head
+            variant = config.variant
+            self.markov_head = MarkovHead(
+                config.vocab_size,
+                config.scored_vocab_size,
+                variant.markov_rank,
+                config.hidden_size,
+                variant.markov_head_type,
+            )
+            if variant.confidence_head:
+                markov = variant.markov_rank if variant.confidence_head_with_markov else 0
+                self.confidence_head = ConfidenceHead(config.hidden_size + markov)
         self.shared: SharedTargetModules | None = None  # the target's modules, given by TargetModel.bind
         self._head_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -123,7 +136,10 @@ class Drafter(nn.Module):
         """Logits over the target vocabulary; with a draft vocabulary, -inf outside it (as vLLM's DFlash does), so
         argmax, sampling and every backend's comparison need no id mapping."""
         hidden = self.block_hidden(block_ids, block_positions, context, context_mask, context_positions)
-        logits = self.scored_logits(hidden)
+        return self.to_full_vocab(self.scored_logits(hidden))
+
+    def to_full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Scored logits [..., V_scored] -> [..., V]: a draft vocabulary's at their target ids, -inf elsewhere."""
         if self.config.draft_vocab_size is None:
             return logits
         ids = self.draft_token_ids() if self.config.own_embeddings else self._draft_head()[0]
@@ -159,7 +175,33 @@ class Drafter(nn.Module):
 
     def prediction_slot(self, offset: int) -> int:
         """Block slot whose logits predict the token `offset` (>= 1) places after the anchor."""
-        return offset - 1 if self.behaviour.autoregressive else offset
+        return offset - 1 if self.config.drafts_from_anchor else offset
+
+    def draft_slots(self, num_drafts: int) -> slice:
+        """The block slots whose logits predict the first `num_drafts` tokens after the anchor."""
+        first = self.prediction_slot(1)
+        return slice(first, first + num_drafts)
+
+    def teacher_forced_logits(self, hidden: torch.Tensor, block_tokens: torch.Tensor) -> torch.Tensor:
+        """Whole blocks' final states [..., k, H] and the true tokens from each anchor on [..., >= k] -> the draft
+        slots' scored logits [..., max_draft_tokens, V_scored]; a dspark's with its Markov bias given the true token
+        before each slot (how speculators 0.9.0 trains it)."""
+        slots = self.draft_slots(self.config.max_draft_tokens)
+        logits = self.scored_logits(hidden[..., slots, :])
+        if not self.behaviour.markov_head:
+            return logits
+        k = self.config.block_size
+        previous = previous_tokens(block_tokens[..., :k], self.config.drafts_from_anchor)
+        return logits + self.markov_head.block_bias(previous, hidden)[..., slots, :]
+
+    def confidence_logits(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
+        """A dspark's predicted acceptance logit per slot [...]: slot states [..., H], previous-token ids [...]."""
+        variant = self.config.variant
+        features = hidden
+        if variant.confidence_head_with_markov:
+            embedding = self.markov_head.embed(previous).to(hidden.dtype)
+            features = torch.cat((hidden, embedding), dim=-1)
+        return self.confidence_head(features)
 
     @torch.no_grad()
     def propose(
@@ -180,32 +222,65 @@ class Drafter(nn.Module):
         self, context, context_valid, anchor_tokens, anchor_positions, num_drafts, context_positions=None
     ):
         """Greedy drafts [B, n] and the drafter's own probability of each [B, n] (for confidence-cut rounds)."""
+        return self.propose_drafts(
+            context, context_valid, anchor_tokens, anchor_positions, num_drafts, context_positions
+        )[:2]
+
+    @torch.no_grad()
+    def propose_drafts(
+        self, context, context_valid, anchor_tokens, anchor_positions, num_drafts, context_positions=None, sampler=None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(drafts [B, n], each one's probability [B, n], the q [B, n, V] they were drawn from or None): greedy, or,
+        for a kind that picks slot after slot (behaviour.sequential_head), drawn by `sampler`
+        (sampling.DraftSampler) from the distribution each slot has given the drafts before it."""
+        if sampler is not None and not self.behaviour.sequential_head:
+            raise ValueError(f"a {self.config.kind} drafter drafts greedily; only sequential heads sample drafts")
         # A block with bidirectional layers needs every trained slot (slots see later ones); a causal one is exact
         # when cut.
-        width = num_drafts + 1 if self.config.block_causal else self.config.block_size
-        if self.behaviour.candidate_selector:
-            return self._selected_drafts(
-                context, context_valid, anchor_tokens, anchor_positions, num_drafts, width, context_positions
-            )
+        width = self.draft_slots(num_drafts).stop if self.config.block_causal else self.config.block_size
+        if self.behaviour.autoregressive:
+            width = num_drafts + 1  # each draft is written into the slot after the one that predicted it
+        if self.behaviour.sequential_head:  # one pass over [anchor, MASK...], then the head picks slot after slot
+            block = anchor_block(self.config, anchor_tokens, width)
+            positions = anchor_positions[:, None, None] + torch.arange(width, device=block.device)
+            hidden = self.block_hidden(block, positions, context, context_valid, context_positions)[:, 0]
+            if self.behaviour.markov_head:
+                return self.markov_drafts(hidden, anchor_tokens, num_drafts, sampler)
+            hidden = hidden[:, self.draft_slots(num_drafts)]  # DFlash2: selector.py
+            return self.candidate_selector.select(hidden, self.scored_logits(hidden), anchor_tokens, sampler)
 
         def run(block):
             k = block.shape[-1]
             positions = anchor_positions[:, None, None] + torch.arange(k, device=block.device)
             return self.block_logits(block, positions, context, context_valid, context_positions)
 
-        return greedy_drafts(run, self.config, anchor_tokens, num_drafts, width)
+        return (*greedy_drafts(run, self.config, anchor_tokens, num_drafts, width), None)
 
-    def _selected_drafts(
-        self, context, context_valid, anchor_tokens, anchor_positions, num_drafts, width, context_positions
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """DFlash2: one pass over [anchor, MASK...], then the candidate selector picks the drafts slot after slot
-        (selector.py); the selector's probability of each pick serves confidence cuts."""
-        block = anchor_block(self.config, anchor_tokens, width)
-        positions = anchor_positions[:, None, None] + torch.arange(width, device=block.device)
-        hidden = self.block_hidden(block, positions, context, context_valid, context_positions)[
-            :, 0, 1 : num_drafts + 1
-        ]
-        return self.candidate_selector.select(hidden, self.scored_logits(hidden), anchor_tokens)
+    def markov_drafts(
+        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, num_drafts: int, sampler=None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """DSpark: one block's final states [B, >= last draft slot + 1, H] and anchors [B] -> drafts [B, n] picked
+        slot after slot, each slot biased by the draft before it (markov.py; the Markov recurrence runs from slot
+        0), greedy or drawn by `sampler` (sampling.DraftSampler); each draft's probability [B, n]: the confidence
+        head's predicted acceptance where the drafter has one (what DSpark trains it for: cutting the draft where
+        the cumulative product falls), else q's; and the q each was drawn from [B, n, V] (None when greedy)."""
+        slots = self.draft_slots(num_drafts)
+        head = self.markov_head
+        state, previous, drafts, probabilities, qs = None, anchor_tokens, [], [], []
+        for slot in range(slots.stop):
+            state, bias = head.step(state, head.embed(previous), hidden[:, slot])
+            if slot < slots.start:  # slot 0 predicts the anchor itself: it only feeds the recurrence
+                continue
+            logits = self.to_full_vocab(self.scored_logits(hidden[:, slot]) + bias)
+            token, probability, q = pick_draft(logits, sampler, slot - slots.start)
+            if hasattr(self, "confidence_head"):
+                probability = torch.sigmoid(self.confidence_logits(hidden[:, slot], previous).float())
+            drafts.append(token)
+            probabilities.append(probability)
+            qs.append(q)
+            previous = token
+        q = torch.stack(qs, dim=1) if sampler is not None else None
+        return torch.stack(drafts, dim=1), torch.stack(probabilities, dim=1), q
 
     # -- persistence -----------------------------------------------------------------------------
     def save(self, out_dir: Path, force: bool = False, owner: str | None = None) -> Path:
@@ -290,6 +365,16 @@ def greedy_drafts(
         block[:, 0, slot + 1] = token[:, 0]
         probabilities.append(probability)
     return block[:, 0, 1 : num_drafts + 1], torch.cat(probabilities, dim=1)
+
+
+def pick_draft(logits: torch.Tensor, sampler, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """One draft of a slot-after-slot chain from its logits [B, V]: (tokens [B], their probability [B], the q they
+    were drawn from [B, V] or None): greedy (the softmax probability), or by `sampler` (sampling.DraftSampler)."""
+    if sampler is None:
+        token, probability = greedy_with_probability(logits[:, None])
+        return token[:, 0], probability[:, 0], None
+    token, q = sampler(index, logits)
+    return token, q.gather(-1, token[:, None])[:, 0], q
 
 
 def greedy_with_probability(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -17,6 +17,7 @@ _WEYL = (0x9E3779B9, 0xBB67AE85)
 
 STREAM_ACCEPT = 0  # one uniform per draft position: the acceptance test
 STREAM_SAMPLE = 1  # one uniform per (position, vocab id): the exponential race that samples a token
+STREAM_DRAFT = 2  # one uniform per (position, vocab id): the race that samples a draft (sampling.DraftSampler)
 
 
 def _mulhilo(a: int, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,3 +94,13 @@ class VerifyNoise:
             accept_uniform=keyed_uniforms(seed, request_ids, positions[:, :num_drafts], STREAM_ACCEPT, 1)[..., 0],
             sample_uniform=keyed_uniforms(seed, request_ids, positions, STREAM_SAMPLE, vocab_size),
         )
+
+
+def draft_uniforms(
+    seed: int, request_ids: torch.Tensor, first_positions: torch.Tensor, num_drafts: int, vocab_size: int
+) -> torch.Tensor:
+    """[B, n, V] the noise a sampling drafter draws its drafts at positions first_positions [B] + 0..n-1 with; its own
+    stream, independent of verification's. A position drafted again in a later round (after a rejection before it)
+    draws the same numbers: no decision was made from them, so they are still independent of every token emitted."""
+    positions = first_positions[:, None] + torch.arange(num_drafts, device=first_positions.device)
+    return keyed_uniforms(seed, request_ids, positions, STREAM_DRAFT, vocab_size)

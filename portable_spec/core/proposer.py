@@ -57,6 +57,10 @@ class DraftProposer(Protocol):
 
     # Optional: `decode_layout(table) -> context manager`, entered around each generate call (TorchProposer uses it
     # for the measured matmul layout, matmul_layout.py); a proposer without it runs as it is.
+    # Optional: `samples_drafts` (True) and `propose_sampled(state, valid, anchor_tokens, anchor_positions,
+    # num_drafts, sampler) -> (drafts, probability, q [B, n, V])`: a proposer that draws its drafts from a
+    # distribution at T > 0 (sampling.DraftSampler) and hands verification that q; without it drafts are greedy
+    # (q one-hot), lossless too.
 
 
 @dataclass
@@ -96,6 +100,16 @@ class TorchProposer:
 
     def passes_per_round(self, num_drafts: int) -> int:
         return num_drafts if self.drafter.behaviour.autoregressive else 1
+
+    @property
+    def samples_drafts(self) -> bool:
+        """A drafter that picks slot after slot (dflash2, dspark) samples its drafts at T > 0, as upstream does."""
+        return self.drafter.behaviour.sequential_head
+
+    def propose_sampled(self, state: TorchContext, valid, anchor_tokens, anchor_positions, num_drafts, sampler):
+        return self.drafter.propose_drafts(
+            state.kv, valid, anchor_tokens, anchor_positions, num_drafts, state.positions, sampler
+        )
 
     def decode_layout(self, table: LayoutTable) -> AbstractContextManager:
         """The drafter's linear layers in `table`'s measured layouts while a generate call runs (matmul_layout.py)."""

@@ -90,3 +90,26 @@ def _without_non_finite(logits: torch.Tensor) -> torch.Tensor:
         )
     posinf = torch.isposinf(logits)
     return torch.where(posinf.any(dim=-1, keepdim=True), torch.where(posinf, 0.0, float("-inf")), logits)
+
+
+def sample_from(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """probs [..., V], uniforms in (0, 1) [..., V] -> one token per row [...]: the exponential race
+    argmax_v p_v / E_v, E_v = -log(u_v) (what verify samples with; exact given the same p and noise)."""
+    return (probs / -torch.log(uniform)).argmax(dim=-1)
+
+
+@dataclass
+class DraftSampler:
+    """How a drafter that picks its drafts slot after slot (dflash2's selector, dspark's Markov chain) samples them at
+    T > 0: draft i of row b is drawn from q = target_probs(its logits), the request's own temperature, top-k and
+    top-p (a greedy row's q is one-hot), with the keyed draft noise of its position; q is what verification then
+    uses, so the output follows the target's distribution whatever q is (vLLM's rejection sampler takes the
+    drafter's probabilities the same way)."""
+
+    sampling: SamplingBatch
+    uniforms: torch.Tensor  # [B, n, V]: noise.draft_uniforms
+
+    def __call__(self, index: int, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draft `index`'s logits [B, V] -> (its tokens [B], the q they were drawn from [B, V])."""
+        q = target_probs(logits[:, None], self.sampling)[:, 0]
+        return sample_from(q, self.uniforms[:, index]), q

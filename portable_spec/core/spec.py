@@ -39,6 +39,9 @@ class VariantBehaviour:
       (DFlash2's `GroupedDynamicCausalConv`: the sublayer's input convolved before it, its output after).
     candidate_selector: drafts are picked slot after slot from each slot's top-k logits, re-scored by low-rank
       bigram codebooks given the token picked before (DFlash2's `CandidateSelector`).
+    markov_head: each slot's logits get a low-rank bias from the token before it in the block (teacher-forced in
+      training, the slot before's draft when decoding), and a confidence head predicts each slot's acceptance
+      (DSpark's `MarkovHead` and `ConfidenceHead`).
     """
 
     block_causal: bool
@@ -46,6 +49,13 @@ class VariantBehaviour:
     autoregressive: bool
     sublayer_conv: bool = False
     candidate_selector: bool = False
+    markov_head: bool = False
+    extras: str = ""  # what the kind computes beyond DFlash's layers and greedy head, in words (refusals name it)
+
+    @property
+    def sequential_head(self) -> bool:
+        """Drafts picked slot after slot, each given the one before (DFlash2's selector, DSpark's Markov head)."""
+        return self.candidate_selector or self.markov_head
 
     @property
     def single_pass(self) -> bool:
@@ -56,7 +66,7 @@ class VariantBehaviour:
     def dflash_shaped(self) -> bool:
         """DFlash's layers and greedy head, whatever the block's attention and shift-mix: what an engine's DFlash
         proposer runs, natively or through portable-spec's plugins (DFlash2's convolutions and selector are not)."""
-        return self.single_pass and not self.sublayer_conv and not self.candidate_selector
+        return self.single_pass and not self.sublayer_conv and not self.sequential_head
 
     @property
     def engine_native(self) -> bool:
@@ -113,7 +123,12 @@ class DFlash2Variant(_Strict):
     kind: Literal["dflash2"] = "dflash2"
     engine_architecture: ClassVar[str] = "DFlash2DraftModel"  # vLLM, SGLang and llama.cpp serve it natively
     behaviour: ClassVar[VariantBehaviour] = VariantBehaviour(
-        block_causal=False, shift_mix=False, autoregressive=False, sublayer_conv=True, candidate_selector=True
+        block_causal=False,
+        shift_mix=False,
+        autoregressive=False,
+        sublayer_conv=True,
+        candidate_selector=True,
+        extras="convolutions around its sublayers and a candidate selector",
     )
     block_attention: Literal[BLOCK_ATTENTION] = Field(
         "bidirectional", description="How block slots see each other: " + " | ".join(BLOCK_ATTENTION) + "."
@@ -124,9 +139,46 @@ class DFlash2Variant(_Strict):
     selector_top_k: int = Field(16, ge=1, description="Candidates per slot the selector re-scores.")
 
 
-VARIANT_CLASSES = (ParallelVariant, DepthCausalVariant, AutoregressiveVariant, DFlash2Variant)
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+
+
+class DSparkVariant(_Strict):
+    """vllm-project/speculators 0.9.0's DSpark (models/dspark): DFlash's one pass, then a Markov head that biases
+    each slot's logits by the token before it in the block (vanilla: a low-rank bigram W2 W1[prev]; gated: times a
+    gate from the slot's hidden state; rnn: through a recurrent state over the block) and a confidence head that
+    predicts each slot's acceptance (a linear map of the slot's hidden state, with the previous token's Markov
+    embedding when confidence_head_with_markov). With sample_from_anchor the anchor's slot drafts too: slot j
+    predicts the token j + 1 places after the anchor and a block of k slots drafts k tokens."""
+
+    kind: Literal["dspark"] = "dspark"
+    engine_architecture: ClassVar[str] = "DSparkDraftModel"  # vLLM (PR #47093), SGLang and llama.cpp serve it
+    behaviour: ClassVar[VariantBehaviour] = VariantBehaviour(
+        block_causal=False,
+        shift_mix=False,
+        autoregressive=False,
+        markov_head=True,
+        extras="a Markov head biasing each slot by the draft before it and a confidence head",
+    )
+    block_attention: Literal[BLOCK_ATTENTION] = Field(
+        "bidirectional", description="How block slots see each other: " + " | ".join(BLOCK_ATTENTION) + "."
+    )
+    sample_from_anchor: bool = Field(
+        True, description="The anchor's slot drafts the token after it (speculators' DSpark default); false: DFlash's."
+    )
+    markov_rank: int = Field(256, ge=1, description="Rank of the Markov logit bias W2 W1.")
+    markov_head_type: Literal[MARKOV_HEAD_TYPES] = Field(
+        "vanilla", description="Markov head: " + " | ".join(MARKOV_HEAD_TYPES) + "."
+    )
+    confidence_head: bool = Field(True, description="Carries the per-slot acceptance predictor.")
+    confidence_head_with_markov: bool = Field(
+        True, description="The confidence head also reads the previous token's Markov embedding."
+    )
+
+
+VARIANT_CLASSES = (ParallelVariant, DepthCausalVariant, AutoregressiveVariant, DFlash2Variant, DSparkVariant)
 Variant = Annotated[
-    Union[ParallelVariant, DepthCausalVariant, AutoregressiveVariant, DFlash2Variant], Field(discriminator="kind")
+    Union[ParallelVariant, DepthCausalVariant, AutoregressiveVariant, DFlash2Variant, DSparkVariant],
+    Field(discriminator="kind"),
 ]
 VARIANT_KINDS = tuple(cls.model_fields["kind"].default for cls in VARIANT_CLASSES)
 
@@ -254,11 +306,24 @@ def dflash2_problem(
     return None
 
 
+def drafts_from_anchor(variant: Variant) -> bool:
+    """Slot j predicts the token j + 1 places after the anchor (the autoregressive kind; a dspark with
+    sample_from_anchor), not j places."""
+    return variant.behaviour.autoregressive or getattr(variant, "sample_from_anchor", False)
+
+
+def max_draft_tokens(variant: Variant, block_size: int) -> int:
+    """Drafts one block of `block_size` slots proposes: every slot's when the anchor's slot drafts in one pass
+    (dspark), else one fewer (the autoregressive kind writes each draft into the next slot)."""
+    single_pass_from_anchor = drafts_from_anchor(variant) and not variant.behaviour.autoregressive
+    return block_size if single_pass_from_anchor else block_size - 1
+
+
 class DrafterConfig(_Strict):
     """Everything needed to rebuild the drafter; `model.safetensors` holds only drafter-owned weights."""
 
     format_version: Literal[1] = Field(FORMAT_VERSION, description="Checkpoint format version.")
-    variant: Variant = Field(description="Drafter kind: parallel | depth_causal | autoregressive | dflash2.")
+    variant: Variant = Field(description="Drafter kind: " + " | ".join(VARIANT_KINDS) + ".")
     block_size: int = Field(
         ge=2, le=MAX_BLOCK_SIZE, description="Slots per block: the anchor plus block_size-1 draft tokens."
     )
@@ -473,12 +538,29 @@ class DrafterConfig(_Strict):
             **self.engine_fields(),
         }
 
+    @property
+    def drafts_from_anchor(self) -> bool:
+        """The anchor's slot drafts: slot j predicts the token j + 1 places after the anchor (the autoregressive
+        kind, and a dspark with sample_from_anchor); otherwise slot j predicts the token j places after it."""
+        return drafts_from_anchor(self.variant)
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """Drafts one block proposes (max_draft_tokens(variant, block_size))."""
+        return max_draft_tokens(self.variant, self.block_size)
+
+    @property
+    def label_span(self) -> int:
+        """Tokens from the anchor on that one teacher-forced block reads (the anchor and every draft's label):
+        what a training sequence must hold after each anchor."""
+        return self.max_draft_tokens + 1
+
     def check_num_draft_tokens(self, num_draft_tokens: int) -> None:
-        """A block of size k proposes at most k-1 tokens; more would run the drafter off its training."""
-        if not 1 <= num_draft_tokens <= self.block_size - 1:
+        """A block proposes at most max_draft_tokens; more would run the drafter off its training."""
+        if not 1 <= num_draft_tokens <= self.max_draft_tokens:
             raise SpecError(
                 f"num_draft_tokens={num_draft_tokens} does not fit block_size={self.block_size}: "
-                f"use 1..{self.block_size - 1}, or train a drafter with a larger block_size"
+                f"use 1..{self.max_draft_tokens}, or train a drafter with a larger block_size"
             )
 
 

@@ -45,7 +45,7 @@ def tiny_drafter(
     )
     torch.manual_seed(seed)
     drafter = target.bind(Drafter(config))
-    with torch.no_grad():  # move shift-mix and DFlash2's convolutions off the identity so the variant is exercised
+    with torch.no_grad():  # move shift-mix, DFlash2's convolutions and DSpark's bias off their start, so they count
         for name, param in drafter.named_parameters():
             if name.endswith("shift_mix.weight"):
                 param.add_(0.05 * torch.randn_like(param))
@@ -53,6 +53,8 @@ def tiny_drafter(
                 param.add_(0.2 * torch.randn_like(param) / (param.shape[-1] ** 0.5 if param.dim() == 2 else 1))
             elif "candidate_selector." in name:  # bigram scores as large as the logits' spread: picks change
                 param.mul_(50.0)
+            elif name == "markov_head.markov_w1.weight":  # a Markov bias as large as the logits' spread
+                param.mul_(300.0)
     return drafter.eval()
 
 

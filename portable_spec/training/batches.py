@@ -34,7 +34,7 @@ class ReplyBatches:
     dataset: FeatureDataset
     usable: list[int]
     batch_size: int
-    block_size: int
+    label_span: int  # tokens after each anchor its labels read (DrafterConfig.label_span)
     anchors_per_seq: int
     seq_len: int
     seed: int
@@ -61,6 +61,6 @@ class ReplyBatches:
     def __call__(self, step: int, rows: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         picks = self.picks(step)
         anchors = self.dataset.anchors(
-            picks, self.block_size, self.anchors_per_seq, self.seq_len, step_generator(self.seed, step)
+            picks, self.label_span, self.anchors_per_seq, self.seq_len, step_generator(self.seed, step)
         )
         return self.dataset.gather(picks[rows], anchors[rows], self.seq_len, self.target, self.layer_ids)

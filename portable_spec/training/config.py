@@ -14,11 +14,18 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from portable_spec.core.errors import validation_line
 from portable_spec.core.real_target import FIXTURE_TARGET, KNOWN_TARGETS
-from portable_spec.core.spec import VARIANT_KINDS, SpecError, read_json_object
+from portable_spec.core.spec import (
+    MARKOV_HEAD_TYPES,
+    VARIANT_KINDS,
+    SpecError,
+    Variant,
+    max_draft_tokens,
+    read_json_object,
+)
 from portable_spec.core.variants import behaviour_of
 from portable_spec.training.sharegpt import PromptTurns
 
@@ -28,7 +35,17 @@ DrafterLayout = Literal["ddp", "fsdp"]
 TargetLayout = Literal["replicate", "fsdp"]
 DType = Literal["float32", "bfloat16", "float16"]
 Kind = Literal[VARIANT_KINDS]  # type: ignore[valid-type]
-DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# each kind's own variant fields that `train` takes as flags (spec.py's variant classes define and default them)
+KIND_FIELDS = {
+    "dflash2": ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"),
+    "dspark": (
+        "sample_from_anchor",
+        "markov_rank",
+        "markov_head_type",
+        "confidence_head",
+        "confidence_head_with_markov",
+    ),
+}
 
 
 class Section(BaseModel):
@@ -117,17 +134,32 @@ class DrafterShape(Section):
     )
     selector_rank: int | None = Field(None, ge=1, description="dflash2: rank of the selector's codebooks (256).")
     selector_top_k: int | None = Field(None, ge=1, description="dflash2: candidates the selector re-scores (16).")
+    sample_from_anchor: bool | None = Field(None, description="dspark: the anchor's slot drafts too (true).")
+    markov_rank: int | None = Field(None, ge=1, description="dspark: rank of the Markov logit bias (256).")
+    markov_head_type: Literal[MARKOV_HEAD_TYPES] | None = Field(None, description="dspark: the Markov head (vanilla).")
+    confidence_head: bool | None = Field(None, description="dspark: train the acceptance predictor too (true).")
+    confidence_head_with_markov: bool | None = Field(
+        None, description="dspark: the confidence head reads the previous token's Markov embedding (true)."
+    )
+
+    @property
+    def label_span(self) -> int:
+        """DrafterConfig.label_span of the drafter this shape makes, known before any model loads."""
+        variant = TypeAdapter(Variant).validate_python({"kind": self.kind, **self.variant_options()})
+        return max_draft_tokens(variant, self.block_size) + 1
 
     def variant_options(self) -> dict:
-        """The dflash2 fields given (the rest take spec.DFlash2Variant's defaults, speculators 0.9.0's)."""
-        return {name: getattr(self, name) for name in DFLASH2_FIELDS if getattr(self, name) is not None}
+        """The kind's own fields given (the rest take its variant class's defaults: speculators 0.9.0's)."""
+        names = KIND_FIELDS.get(self.kind, ())
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
     @model_validator(mode="after")
     def _kind_options(self) -> DrafterShape:
-        given = self.variant_options()
-        if given and not behaviour_of(self.kind).candidate_selector:
-            name = next(iter(given))
-            raise ValueError(f"--{name.replace('_', '-')} {given[name]}: only a dflash2 drafter has it; drop it")
+        for kind, names in KIND_FIELDS.items():
+            given = [name for name in names if getattr(self, name) is not None]
+            if given and kind != self.kind:
+                value = getattr(self, given[0])
+                raise ValueError(f"--{given[0].replace('_', '-')} {value}: only a {kind} drafter has it; drop it")
         if (
             behaviour_of(self.kind).candidate_selector
             and self.draft_vocab_size

@@ -38,20 +38,26 @@ ANCHORS_PER_PASS = 64  # teacher-forced blocks per drafter pass: bounds the dens
 
 @torch.no_grad()
 def greedy_drafts_at(drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, first: int) -> torch.Tensor:
-    """Greedy drafts [n - first, k - 1] (target ids) after every anchor position first .. n - 1 of one sequence:
-    tokens [n], features [n, F] (the target's, position by position)."""
-    k, n = drafter.config.block_size, len(tokens)
-    padded = torch.cat((tokens, tokens.new_zeros(k)))[None]  # slots past the end: drafted, never matched
+    """Greedy drafts [n - first, max_draft_tokens] (target ids) after every anchor position first .. n - 1 of one
+    sequence: tokens [n], features [n, F] (the target's, position by position)."""
+    config, n = drafter.config, len(tokens)
+    drafts = config.max_draft_tokens
+    padded = torch.cat((tokens, tokens.new_zeros(config.label_span)))[None]  # slots past the end: never matched
     ids = drafter.draft_token_ids()  # draft index -> target id, None for the full vocabulary
     rows = []
     for start in range(first, n, ANCHORS_PER_PASS):
         anchors = torch.arange(start, min(start + ANCHORS_PER_PASS, n), device=tokens.device)[None]
-        hidden, _ = teacher_forced_blocks(drafter, features[None], padded, anchors)  # [1, A, k-1, H]
-        logits = drafter.scored_logits(hidden)  # [1, A, k-1, V_draft]
-        if drafter.behaviour.candidate_selector:  # dflash2: the selector's greedy chain after each anchor
-            rows.append(drafter.candidate_selector.select(hidden[0], logits[0], padded[0, anchors[0]])[0])
+        hidden, _ = teacher_forced_blocks(drafter, features[None], padded, anchors)  # [1, A, k, H]
+        anchor_tokens = padded[0, anchors[0]]
+        if drafter.behaviour.markov_head:  # dspark: the Markov chain over its own drafts after each anchor
+            rows.append(drafter.markov_drafts(hidden[0], anchor_tokens, drafts)[0])
             continue
-        draft = logits[0].argmax(dim=-1)
+        hidden = hidden[0, :, drafter.draft_slots(drafts)]
+        logits = drafter.scored_logits(hidden)  # [A, n, V_draft]
+        if drafter.behaviour.candidate_selector:  # dflash2: the selector's greedy chain after each anchor
+            rows.append(drafter.candidate_selector.select(hidden, logits, anchor_tokens)[0])
+            continue
+        draft = logits.argmax(dim=-1)
         rows.append(draft if ids is None else ids.to(draft.device)[draft])
     return torch.cat(rows)
 

@@ -43,14 +43,15 @@ def autocast_for(precision: str, device: torch.device) -> contextlib.AbstractCon
     return contextlib.nullcontext()
 
 
-def check_shapes(block_size: int, config: TrainConfig) -> None:
-    """Anchors need a whole block after them inside a sequence: seq_len - block_size >= anchors_per_seq."""
-    room = config.seq_len - block_size
+def check_shapes(block_size: int, label_span: int, config: TrainConfig) -> None:
+    """Anchors need a whole block's labels after them inside a sequence (DrafterConfig.label_span tokens):
+    seq_len - label_span >= anchors_per_seq."""
+    room = config.seq_len - label_span
     if room < config.anchors_per_seq:
         raise SpecError(
             f"seq_len={config.seq_len} leaves {max(room, 0)} anchor positions for block_size="
             f"{block_size}, anchors_per_seq={config.anchors_per_seq} needs that many; use "
-            f"--seq-len >= {block_size + config.anchors_per_seq}"
+            f"--seq-len >= {label_span + config.anchors_per_seq}"
         )
 
 
@@ -77,7 +78,7 @@ def train_loop(
     `heldout` (heldout.HeldoutTracker, rank 0's), held-out acceptance is measured at the start, every
     `heldout.every` seconds and at the end, and the checkpoint written is the best drafter it saw. `log(step, loss,
     seconds)` gets each step's mean loss and the training seconds at its end (a resume's included)."""
-    check_shapes(drafter_config.block_size, config)
+    check_shapes(drafter_config.block_size, drafter_config.label_span, config)
     parallel.check_batch(ranks, config.batch_size, config.grad_accum)
     for param in target.model.parameters():
         param.requires_grad_(False)

@@ -1,12 +1,17 @@
-"""The drafter's training loss: random anchors per sequence, block slot i predicting token anchor+i, weighted
-exp(-(i-1)/gamma) (DFlash's loss decay, z-lab/dflash 0.1.0). Shared by the training loop and the held-out
+"""The drafter's training loss: random anchors per sequence, the draft predicting token anchor+i (block slot i, or
+i - 1 when the anchor's slot drafts: Drafter.prediction_slot) weighted exp(-(i-1)/gamma) (DFlash's loss decay,
+z-lab/dflash 0.1.0; speculators 0.9.0's dflash_loss_decay gives the same weight per offset either way). Shared by the training loop and the held-out
 acceptance (heldout.py), which reads the same teacher-forced blocks.
 
 A dflash2 drafter adds its candidate selector's loss, as vllm-project/speculators 0.9.0 trains it
 (models/dflash2/core.py `forward`, metrics.py `compute_selector_loss`, `selector_loss_alpha` 1.0): each slot's
 candidates are its top-k logits (the serving set; the true token replaces the last one when it is not among
 them), their scores unary + bigram term given the true token before (teacher-forced), and the loss a k-way
-cross-entropy on the true token's rank, weighted as the unary loss."""
+cross-entropy on the true token's rank, weighted as the unary loss.
+
+A dspark drafter's logits carry its Markov bias given the true token before each slot, and its confidence head adds
+a binary cross-entropy against each slot's acceptance rate (confidence_losses; speculators 0.9.0
+models/dspark/core.py `forward`, metrics.py, `confidence_head_alpha` 1.0)."""
 
 from __future__ import annotations
 
@@ -20,48 +25,72 @@ def teacher_forced_blocks(
     drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The drafter's teacher-forced blocks at many anchors in one pass: features [B, T, F] of tokens [B, T'] (T' >= T,
-    every anchor + block_size <= T'), anchors [B, A] -> (final hidden states [B, A, k-1, H] of the slots predicting
-    offsets 1..k-1, the true block tokens [B, A, k]). Block j's context is every position before its anchor, as in
-    decoding; what training and the held-out acceptance share."""
+    every anchor + label_span <= T'), anchors [B, A] -> (final hidden states of every block slot [B, A, k, H], the
+    true tokens from each anchor on [B, A, label_span]: the anchor, then the label of each draft offset). Block j's
+    context is every position before its anchor, as in decoding; what training and the held-out acceptance share."""
     config, batch = drafter.config, tokens.shape[0]
     k, num_anchors, context_len = config.block_size, anchors.shape[1], features.shape[1]
     positions = torch.arange(context_len, device=tokens.device).expand(batch, -1)
-    block_positions = anchors[:, :, None] + torch.arange(k, device=tokens.device)  # [B, A, k]
-    true_tokens = tokens.gather(1, block_positions.reshape(batch, -1)).view(batch, num_anchors, k)
+    span = anchors[:, :, None] + torch.arange(config.label_span, device=tokens.device)  # [B, A, label_span]
+    true_tokens = tokens.gather(1, span.reshape(batch, -1)).view(batch, num_anchors, config.label_span)
     if drafter.behaviour.autoregressive:
-        block_ids = true_tokens
+        block_ids = true_tokens[..., :k]
     else:
-        block_ids = torch.full_like(true_tokens, config.mask_token_id)
+        block_ids = torch.full_like(true_tokens[..., :k], config.mask_token_id)
         block_ids[..., 0] = true_tokens[..., 0]
     context_mask = (positions[:, None, :] < anchors[:, :, None]).repeat_interleave(k, dim=1)  # [B, A*k, T]
     context = drafter.context_kv(features, positions)
-    hidden = drafter.block_hidden(block_ids, block_positions, context, context_mask, positions)
-    slots = [drafter.prediction_slot(offset) for offset in range(1, k)]
-    return hidden[:, :, slots], true_tokens
+    hidden = drafter.block_hidden(block_ids, span[..., :k], context, context_mask, positions)
+    return hidden, true_tokens
 
 
 def block_predictions(
     drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """As teacher_forced_blocks, with the draft slots' logits [B, A, k-1, V_draft] in place of their hidden states."""
+    """As teacher_forced_blocks, with the draft slots' teacher-forced logits [B, A, max_draft_tokens, V_draft]
+    (Drafter.teacher_forced_logits) in place of the hidden states."""
     hidden, true_tokens = teacher_forced_blocks(drafter, features, tokens, anchors)
-    return drafter.scored_logits(hidden), true_tokens
+    return drafter.teacher_forced_logits(hidden, true_tokens), true_tokens
 
 
 def drafter_loss(drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor, gamma: float):
-    """features [B, T, F] of tokens [B, T], anchors [B, A] (each <= T - block_size) -> weighted cross-entropy over
+    """features [B, T, F] of tokens [B, T], anchors [B, A] (each <= T - label_span) -> weighted cross-entropy over
     draft offsets. With a reduced draft vocabulary, tokens outside it carry no loss (they can never be drafted)."""
-    batch, num_anchors, k = tokens.shape[0], anchors.shape[1], drafter.config.block_size
+    batch, num_anchors, n = tokens.shape[0], anchors.shape[1], drafter.config.max_draft_tokens
     hidden, true_tokens = teacher_forced_blocks(drafter, features, tokens, anchors)
-    predicted = drafter.scored_logits(hidden)  # [B, A, k-1, V_draft]
+    predicted = drafter.teacher_forced_logits(hidden, true_tokens)  # [B, A, n, V_draft]
     labels = true_tokens[..., 1:]
     if drafter.config.draft_vocab_size is not None:
         labels = target_to_draft(drafter, labels)
     losses = F.cross_entropy(predicted.flatten(0, 2), labels.flatten(), reduction="none", ignore_index=-100)
-    weights = torch.exp(-torch.arange(k - 1, dtype=torch.float32, device=tokens.device) / gamma)
+    weights = torch.exp(-torch.arange(n, dtype=torch.float32, device=tokens.device) / gamma)
+    draft_hidden = hidden[..., drafter.draft_slots(n), :]
     if drafter.behaviour.candidate_selector:
-        losses = losses + SELECTOR_LOSS_ALPHA * selector_losses(drafter, hidden, predicted, true_tokens).flatten()
-    return (losses.view(batch, num_anchors, k - 1) * weights).sum() / (weights.sum() * batch * num_anchors)
+        losses = losses + SELECTOR_LOSS_ALPHA * selector_losses(drafter, draft_hidden, predicted, true_tokens).flatten()
+    if hasattr(drafter, "confidence_head"):
+        losses = losses + CONFIDENCE_LOSS_ALPHA * confidence_losses(
+            drafter, draft_hidden, predicted, true_tokens, labels
+        )
+    return (losses.view(batch, num_anchors, n) * weights).sum() / (weights.sum() * batch * num_anchors)
+
+
+CONFIDENCE_LOSS_ALPHA = 1.0  # speculators 0.9.0 DSpark get_trainer_kwargs' confidence_head_alpha default
+
+
+def confidence_losses(
+    drafter: Drafter, hidden: torch.Tensor, logits: torch.Tensor, true_tokens: torch.Tensor, labels: torch.Tensor
+) -> torch.Tensor:
+    """A dspark's confidence-head loss per draft slot, flat [B * A * n]: binary cross-entropy of its predicted
+    acceptance against the slot's acceptance rate sum_v min(q_v, p_v) (speculators 0.9.0 models/dspark/metrics.py),
+    detached. The target's distribution p is not cached here: the replies are the target's own tokens, so p is
+    one-hot on the label and the rate is q(label), the drafter's probability of the true token (0 outside a
+    draft vocabulary). hidden [B, A, n, H] and logits [B, A, n, V_draft] of the draft slots, labels [B, A, n] in
+    the draft vocabulary (-100 outside it)."""
+    with torch.no_grad():
+        q = logits.float().softmax(dim=-1)
+        rate = q.gather(-1, labels.clamp(min=0)[..., None])[..., 0] * (labels >= 0)
+    confidence = drafter.confidence_logits(hidden, true_tokens[..., :-1])
+    return F.binary_cross_entropy_with_logits(confidence.float(), rate, reduction="none").flatten()
 
 
 SELECTOR_LOSS_ALPHA = 1.0  # speculators 0.9.0 DFlash2 get_trainer_kwargs' selector_loss_alpha default
@@ -70,8 +99,8 @@ SELECTOR_LOSS_ALPHA = 1.0  # speculators 0.9.0 DFlash2 get_trainer_kwargs' selec
 def selector_losses(
     drafter: Drafter, hidden: torch.Tensor, logits: torch.Tensor, true_tokens: torch.Tensor
 ) -> torch.Tensor:
-    """A dflash2's selector cross-entropy per draft slot [B, A, k-1]: hidden [B, A, k-1, H] and logits [..., V] of the
-    draft slots, true_tokens [B, A, k] (the anchor, then each slot's target)."""
+    """A dflash2's selector cross-entropy per draft slot [B, A, n]: hidden [B, A, n, H] and logits [..., V] of the
+    draft slots, true_tokens [B, A, n + 1] (the anchor, then each slot's target)."""
     selector = drafter.candidate_selector
     targets, predecessors = true_tokens[..., 1:], true_tokens[..., :-1]
     candidates = selector.candidates(logits)[1]  # the serving candidate set

@@ -161,10 +161,11 @@ def train_stage(
     vocab = None
     if config.draft_vocab_size is not None:
         vocab = frequent_tokens(data_dir, config.draft_vocab_size, [target.tokenizer.eos_token_id])
-    usable = dataset.trainable(config.block_size, train.seq_len)
+    usable = dataset.trainable(config.label_span, train.seq_len)
     if not usable:
         raise SpecError(
-            f"{data_dir}: no reply is longer than block_size={config.block_size}; "
+            f"{data_dir}: no reply is longer than {config.label_span} tokens (block_size={config.block_size}"
+            f"{' and the token after it' if config.label_span > config.block_size else ''}); "
             "raise --max-new-tokens or lower --block-size"
         )
     online = mode == "online"
@@ -172,7 +173,7 @@ def train_stage(
         dataset,
         usable,
         train.batch_size,
-        config.block_size,
+        config.label_span,
         train.anchors_per_seq,
         train.seq_len,
         train.seed,

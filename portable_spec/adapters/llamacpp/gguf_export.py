@@ -37,6 +37,7 @@ from portable_spec.core.drafter import target_ids_of
 from portable_spec.core.outputs import check_output_dir, write_dir_atomically
 from portable_spec.core.spec import MAX_POSITION_EMBEDDINGS, DrafterConfig, SpecError
 from portable_spec.core.target import TargetModel
+from portable_spec.core.variants import behaviour_of
 
 KIND = "gguf-export"
 DRAFTER_FILE = "draft.gguf"
@@ -76,6 +77,12 @@ def check_exportable(config: DrafterConfig, source: str) -> None:
             "src/models/dflash.cpp) has none; DFlash2's 2-tap convolution is per channel group around each "
             "sublayer, another function. llama.cpp would need a per-layer [2H, H] slot-mix tensor applied before "
             f"attn_norm; {serve}"
+        )
+    behaviour = behaviour_of(config.kind)
+    if behaviour.single_pass and not behaviour.dflash_shaped:
+        raise SpecError(
+            f"{source}: variant={config.kind} cannot be written for llama.cpp yet: it has {behaviour.extras}, which "
+            f"the DFlash graph portable-spec writes for (b11434 src/models/dflash.cpp) does not compute; {serve}"
         )
     if config.kind != "parallel":
         raise SpecError(

@@ -119,8 +119,8 @@ def _dflash_unsupported(config: DrafterConfig, version: str) -> str | None:
         )
     if not behaviour.dflash_shaped:
         return (
-            f"variant={kind!r} has convolutions around its sublayers and a candidate selector; TensorRT-LLM's "
-            "DFlash mode and portable-spec's draft-model builder run DFlash's layers and greedy head only"
+            f"variant={kind!r} has {behaviour.extras}; TensorRT-LLM's DFlash mode and portable-spec's draft-model "
+            "builder run DFlash's layers and greedy head only"
         )
     if not behaviour.engine_native and parse_version(version) < IN_LOOP_MIN_VERSION:
         needed = ".".join(map(str, IN_LOOP_MIN_VERSION))

@@ -8,7 +8,8 @@ Two layouts, from their public source:
 - speculators: vLLM's speculators library (`speculators_model_type: dflash`): the layer config nested in
   `transformer_layer_config`, `aux_hidden_state_layer_ids` counted one higher (vLLM's speculators loader maps
   `target_layer_ids = [i - 1 for i in aux_hidden_state_layer_ids]`), a reduced draft vocabulary as `d2t`/`t2d`
-  plus its own `lm_head`.
+  plus its own `lm_head`; `speculators_model_type` dflash2 and dspark (its Markov and confidence heads, read as the
+  `dspark` kind, SPECULATORS_DSPARK) too.
 
 Both hold the same weights under the same names (`fc`, `hidden_norm`, `layers.*`, `norm`); the embedding and head
 tensors some of them ship (`embed_tokens`, `lm_head`, `t2d`, speculators' frozen `verifier_*` copies) are set aside
@@ -74,6 +75,16 @@ DFLASH_CONFIG_KEYS = {
 # DFlash2's own switches (z-lab dflash 0.1.0 DFlash2DraftModel and CandidateSelector read each with _draft_value, no
 # default): the dflash2 variant's fields of the same names
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# DSpark's own switches (speculators 0.9.0 DSparkSpeculatorConfig) with its defaults, under their speculators names;
+# `enable_confidence_head` is the dspark variant's `confidence_head`, the rest keep their names
+SPECULATORS_DSPARK = {
+    "sample_from_anchor": True,
+    "markov_rank": 256,
+    "markov_head_type": "vanilla",
+    "enable_confidence_head": True,
+    "confidence_head_with_markov": True,
+}
+DSPARK_FIELDS = {"enable_confidence_head": "confidence_head"}
 # z-lab's DFlash2 checkpoints save the selector's codebooks without `.weight` (its from_pretrained key_mapping adds
 # it for nn.Embedding); its save_pretrained writes it: both are read under the unsuffixed name, speculators' own
 SELECTOR_CODEBOOKS = ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook")
@@ -368,14 +379,42 @@ def _hf_dflash(data: dict, source: str) -> tuple[dict, dict, dict | None]:
 SPECULATORS_DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
 
 
+def _speculators_dspark(data: dict, source: str) -> dict:
+    """A speculators DSpark config's Markov and confidence switches as the dspark variant's fields (its defaults
+    where left out), each checked as DSparkSpeculatorConfig and DSparkDraftModel check it."""
+    variant = {"kind": "dspark"}
+    for key, default in SPECULATORS_DSPARK.items():
+        value = data.get(key, default)
+        if key == "markov_rank":
+            if not _whole(value) or value < 0:
+                raise _refuse(source, key, value, "must be a whole number >= 0 (speculators' DSparkSpeculatorConfig)")
+            if value == 0:
+                raise _refuse(
+                    source,
+                    key,
+                    value,
+                    "turns DSpark's Markov head off (its DFlash backbone alone, drafting from the anchor's slot): no "
+                    "portable kind computes that; import a DSpark with its Markov head, or a DFlash checkpoint",
+                )
+        elif key == "markov_head_type":
+            if value not in ("vanilla", "gated", "rnn"):
+                raise _refuse(source, key, value, "is not one of vanilla, gated, rnn (speculators' MarkovHead)")
+        elif not isinstance(value, bool):
+            raise _refuse(source, key, value, "must be true or false (speculators' DSparkSpeculatorConfig)")
+        variant[DSPARK_FIELDS.get(key, key)] = value
+    return variant
+
+
 def _speculators(data: dict, source: str) -> tuple[dict, str | None, dict | None]:
-    """vLLM speculators: (fields, verifier name, the dflash2 variant's fields or None)."""
+    """vLLM speculators: (fields, verifier name, the dflash2 or dspark variant's fields, or None for dflash)."""
     kind = data.get("speculators_model_type")
-    if kind not in ("dflash", "dflash2"):
-        raise _refuse(source, "speculators_model_type", kind, "is not dflash or dflash2: those import")
+    if kind not in ("dflash", "dflash2", "dspark"):
+        raise _refuse(source, "speculators_model_type", kind, "is not dflash, dflash2 or dspark: those import")
     dflash2 = kind == "dflash2"
-    _check_neutral(data, source, read=DFLASH2_KEYS if dflash2 else ())
-    variant = None
+    _check_neutral(
+        data, source, read=DFLASH2_KEYS if dflash2 else tuple(SPECULATORS_DSPARK) if kind == "dspark" else ()
+    )
+    variant = _speculators_dspark(data, source) if kind == "dspark" else None
     if dflash2:
         variant = {"kind": "dflash2"}
         for key, default in SPECULATORS_DFLASH2.items():

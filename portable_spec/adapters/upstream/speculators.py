@@ -1,8 +1,8 @@
-"""`portable-spec export speculators`: a portable parallel drafter in vLLM speculators' DFlash layout, or a dflash2 one
-in its DFlash2 layout (speculators 0.9.0 models/dflash2), for users who keep that toolchain (vLLM reads it with
-`speculative_config={"model": OUT}` and no method).
+"""`portable-spec export speculators`: a portable parallel drafter in vLLM speculators' DFlash layout, a dflash2 or a
+dspark one in its DFlash2 or DSpark layout (speculators 0.9.0 models/dflash2, models/dspark), for users who keep
+that toolchain (vLLM reads it with `speculative_config={"model": OUT}` and no method).
 
-Only `parallel` and `dflash2` are expressible: speculators' DFlash has no shift-mix, so depth_causal (and the
+Only `parallel`, `dflash2` and `dspark` are expressible: speculators' DFlash has no shift-mix, so depth_causal (and the
 multi-pass autoregressive baseline) is refused with the way to serve it instead. Block causality is one flag there,
 `sliding_window_non_causal`, read two ways: speculators' trainer makes sliding layers causal unless it is true and
 keeps full layers bidirectional; vLLM 0.32 turns it into the causality of every layer (`dflash_config.causal`). So a
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from portable_spec.adapters.upstream.layouts import DFLASH2_KEYS
+from portable_spec.adapters.upstream.layouts import DFLASH2_KEYS, DSPARK_FIELDS, SPECULATORS_DSPARK
 from portable_spec.core.checkpoint import load_drafter_files
 from portable_spec.core.drafter import target_ids_of
 from portable_spec.core.outputs import check_output_dir, write_dir_atomically
@@ -36,6 +36,14 @@ LAYER_FIELDS = (
     "rms_norm_eps",
     "vocab_size",
 )
+
+
+# kind -> (architectures, speculators_model_type) as speculators 0.9.0's configs default them
+ARCHITECTURES = {
+    "parallel": ("DFlashSpeculator", "dflash"),
+    "dflash2": ("DFlash2DraftModel", "dflash2"),
+    "dspark": ("DSparkSpeculator", "dspark"),
+}
 
 
 def _non_causal(config) -> bool:
@@ -79,24 +87,26 @@ def speculators_config(config) -> dict:
         "layer_types": config.engine_layer_types(),
         **({"use_sliding_window": True, "sliding_window": config.sliding_window} if config.has_windows else {}),
     }
-    dflash2 = {}
+    own, variant = {}, config.variant
     if config.kind == "dflash2":  # speculators 0.9.0 DFlash2SpeculatorConfig: the four keys at the top level
-        variant = config.variant
-        dflash2 = {name: getattr(variant, name) for name in DFLASH2_KEYS}
+        own = {name: getattr(variant, name) for name in DFLASH2_KEYS}
+    elif config.kind == "dspark":  # speculators 0.9.0 DSparkSpeculatorConfig: its five keys at the top level
+        own = {name: getattr(variant, DSPARK_FIELDS.get(name, name)) for name in SPECULATORS_DSPARK}
+    architecture, model_type = ARCHITECTURES[config.kind]
     return {
-        "architectures": ["DFlash2DraftModel"] if dflash2 else ["DFlashSpeculator"],
-        "speculators_model_type": "dflash2" if dflash2 else "dflash",
-        **dflash2,
+        "architectures": [architecture],
+        "speculators_model_type": model_type,
+        **own,
         "transformer_layer_config": layer,
         "draft_vocab_size": config.scored_vocab_size,
         "block_size": config.block_size,
         "aux_hidden_state_layer_ids": [i + 1 for i in config.target_layer_ids],  # HF hidden_states indices
         "mask_token_id": config.mask_token_id,
         "sliding_window_non_causal": _non_causal(config),
-        "projector_type": "dflash",
+        "projector_type": "dspark" if config.kind == "dspark" else "dflash",
         "speculators_config": {
-            "algorithm": "dflash",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": config.block_size - 1}],
+            "algorithm": model_type,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": config.max_draft_tokens}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": config.target.model_id, "architectures": [config.target.architecture]},
         },
@@ -110,10 +120,10 @@ def export_speculators(drafter_dir: Path, out: Path, target_dir: Path | None = N
     needed."""
     drafter_dir, out = Path(drafter_dir), Path(out)
     config, weights = load_drafter_files(drafter_dir)
-    if config.kind not in ("parallel", "dflash2"):
+    if config.kind not in ARCHITECTURES:
         raise SpecError(
-            f"{drafter_dir}: variant={config.kind} cannot be expressed in the speculators format (its DFlash and "
-            "DFlash2 have no shift-mix and a bidirectional block); serve it through portable-spec's vLLM plugin "
+            f"{drafter_dir}: variant={config.kind} cannot be expressed in the speculators format (its DFlash, DFlash2 "
+            "and DSpark have no shift-mix and a bidirectional block); serve it through portable-spec's vLLM plugin "
             f'instead: speculative_config={{"method": "dflash", "model": "{drafter_dir}"}}'
         )
     if target_dir is None:

@@ -25,6 +25,11 @@ YARN = {"factor": 4.0, "original_max_position_embeddings": 512}  # YaRN blends e
 # z-lab DFlash2's own switches (dflash_config), small enough for the fixture target (256 wide, vocabulary 512)
 DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 8}
 DFLASH2_WIDE = {"conv_kernel_size": 3, "conv_group_size": 32, "selector_rank": 16, "selector_top_k": 16}
+# speculators DSpark's own switches (from_training_args keywords): each Markov head, from the anchor or not
+DSPARK = {"markov_rank": 32, "markov_head_type": "vanilla"}
+DSPARK_GATED = {"markov_rank": 16, "markov_head_type": "gated", "sample_from_anchor": False}
+DSPARK_RNN = {"markov_rank": 16, "markov_head_type": "rnn", "confidence_head_with_markov": False}
+DSPARK_RNN_DFLASH = {"markov_rank": 32, "markov_head_type": "rnn", "sample_from_anchor": False}
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,7 @@ class UpstreamCase:
     draft_vocab: int | None = None  # speculators only: a reduced vocabulary of this many target ids
     decode: bool = False  # z-lab only: its dflash_generate on the trained fixture drafter's weights
     dflash2: dict | None = None  # a DFlash2DraftModel (z-lab, speculators) with these switches (seeded convs, selector)
+    dspark: dict | None = None  # speculators only: a DSparkDraftModel with these switches (seeded heads)
     import_options: dict = field(default_factory=dict)
     about: str = ""
 
@@ -48,7 +54,7 @@ class UpstreamCase:
     @property
     def kind(self) -> str:
         """The portable kind the case imports as."""
-        return "dflash2" if self.dflash2 else "parallel"
+        return "dflash2" if self.dflash2 else "dspark" if self.dspark else "parallel"
 
     @property
     def sliding_window(self) -> int | None:
@@ -74,6 +80,7 @@ class UpstreamCase:
             "yarn": YARN if self.yarn else None,
             "decode": {"max_new_tokens": 48} if self.decode else None,
             "dflash2": self.dflash2,
+            "dspark": self.dspark,
         }
 
 
@@ -103,6 +110,11 @@ def _cases() -> list[UpstreamCase]:
         UpstreamCase(spec, "yarn", 8, yarn=True),
         UpstreamCase(spec, "dflash2_b8", 8, dflash2=DFLASH2, about="its DFlash2DraftModel: convolutions and selector"),
         UpstreamCase(spec, "dflash2_sliding", 8, ALL_SLIDING, dflash2=DFLASH2, about="DFlash2, its trainer's sliding"),
+        UpstreamCase(spec, "dspark_b8", 8, dspark=DSPARK, about="its DSparkDraftModel: Markov head, confidence head"),
+        UpstreamCase(spec, "dspark_gated", 4, dspark=DSPARK_GATED, about="DSpark, gated head, not from the anchor"),
+        UpstreamCase(spec, "dspark_rnn", 8, ALL_SLIDING, dspark=DSPARK_RNN, about="DSpark, rnn head, sliding layers"),
+        UpstreamCase(spec, "dspark_rnn_dflash", 8, dspark=DSPARK_RNN_DFLASH, about="DSpark, rnn, not from the anchor"),
+        UpstreamCase(spec, "dspark_vocab", 8, draft_vocab=512, dspark=DSPARK, about="DSpark, 512-id draft vocabulary"),
         UpstreamCase(forge, "full_b4", 4),
         UpstreamCase(forge, "full_b16", 16),
         UpstreamCase(forge, "mixed", 8, MIXED, about="its trainer: causal + per-slot window where sliding"),

@@ -105,6 +105,9 @@ def _block_check(ctx: CheckContext, case: UpstreamCase) -> None:
     answer = _answer(ctx, case)
     drafter = _imported(ctx, case, answer)
     inputs = _inputs(ctx)
+    if case.dspark:
+        _dspark_check(ctx, case, answer, drafter, inputs)
+        return
     expected = answer.logits[0, 1:].float()
     try:
         logits = _block_logits(ctx.backend, case, drafter, inputs)
@@ -119,25 +122,53 @@ def _block_check(ctx: CheckContext, case: UpstreamCase) -> None:
         _decode_check(ctx, case, answer, drafter, inputs)
 
 
-def _drafts_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, drafter, inputs) -> None:
-    """A DFlash2's drafts: what the reference drafter of the import proposes after the same context and anchor
-    (its candidate selector, greedy) == what z-lab's own `propose` picked."""
+def _loaded(ctx: CheckContext, drafter, inputs):
+    """The import as the reference runs it, with its context KV of the oracle inputs: (drafter, context, positions)."""
     from portable_spec.core.target import TargetModel
 
     target = ctx.workspace.memo(("upstream-oracle-target", str(inputs.target)), lambda: TargetModel.load(inputs.target))
     loaded = target.load_drafter(drafter)
     positions = torch.arange(CONTEXT)[None]
-    context = loaded.context_kv(inputs.features.to(loaded.fc.weight.dtype), positions)
+    return loaded, loaded.context_kv(inputs.features.to(loaded.fc.weight.dtype), positions), positions
+
+
+def _drafts_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, drafter, inputs) -> None:
+    """A DFlash2's or DSpark's drafts: what the reference drafter of the import proposes after the same context and
+    anchor (its candidate selector or Markov chain, greedy) == what the upstream's own code picked."""
+    loaded, context, positions = _loaded(ctx, drafter, inputs)
     drafts = loaded.propose(
         context,
         torch.ones(1, CONTEXT, dtype=torch.bool),
         torch.tensor([inputs.anchor]),
         torch.tensor([CONTEXT]),
-        case.block_size - 1,
+        loaded.config.max_draft_tokens,
         positions,
     )
     if drafts.tolist() != answer.drafts.tolist():
-        raise CheckFailed(f"{case.id}: selector drafts {drafts.tolist()}, z-lab's propose {answer.drafts.tolist()}")
+        raise CheckFailed(f"{case.id}: drafts {drafts.tolist()}, {case.package}'s own {answer.drafts.tolist()}")
+
+
+def _dspark_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, drafter, inputs) -> None:
+    """A DSpark (the reference only: no other backend runs the kind): the import's teacher-forced draft logits
+    (Markov bias given the prompt's own tokens) and confidence logits per draft slot against speculators' own heads,
+    then its greedy chain against theirs."""
+    loaded, context, positions = _loaded(ctx, drafter, inputs)
+    k = case.block_size
+    block = torch.tensor([[[inputs.anchor] + [loaded.config.mask_token_id] * (k - 1)]])
+    true_tokens = inputs.true_tokens(k)[None]  # [1, 1, k]
+    valid = torch.ones(1, CONTEXT, dtype=torch.bool)
+    slots = loaded.draft_slots(loaded.config.max_draft_tokens)
+    with torch.no_grad():
+        hidden = loaded.block_hidden(block, (CONTEXT + torch.arange(k))[None, None], context, valid, positions)
+        logits = loaded.to_full_vocab(loaded.teacher_forced_logits(hidden, true_tokens))[0, 0]
+        previous = true_tokens if loaded.config.drafts_from_anchor else true_tokens[..., :-1]  # each slot's
+        confidence = loaded.confidence_logits(hidden[..., slots, :], previous)[0, 0]
+    compare_slots(case.id, logits.float(), answer.logits[0, slots].float())
+    expected = answer.confidence[0, slots].float()
+    worst = float((confidence.float() - expected).abs().max())
+    if worst > TOLERANCE * (1 + float(expected.abs().max())):
+        raise CheckFailed(f"{case.id}: confidence logits differ from speculators' ConfidenceHead by up to {worst:.4g}")
+    _drafts_check(ctx, case, answer, drafter, inputs)
 
 
 def _acceptance_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, imported) -> None:
@@ -183,6 +214,7 @@ def upstream_checks() -> list[Check]:
         what = f"{case.package} {version}'s own drafter class and save ({case.about or case.name}; block {case.block_size})"
         decode = "; z-lab's dflash_generate: same tokens and tokens per round" if case.decode else ""
         decode += "; the same selector drafts as its propose" if case.dflash2 else ""
+        decode += "; Markov-biased logits and confidence teacher-forced, the same greedy chain" if case.dspark else ""
         checks.append(
             Check(
                 case.id,

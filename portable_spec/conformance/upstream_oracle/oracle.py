@@ -50,6 +50,10 @@ class OracleInputs:
     anchor: int
     vocab_size: int  # the target's
 
+    def true_tokens(self, count: int) -> torch.Tensor:
+        """[1, count] the prompt's own tokens from the anchor on (a DSpark's teacher-forced previous tokens)."""
+        return torch.tensor([self.prompt[CONTEXT : CONTEXT + count]])
+
 
 def oracle_inputs() -> OracleInputs:
     target_dir, _, prompts = trained_fixture("parallel")
@@ -80,18 +84,26 @@ class OracleAnswer:
     checkpoint: Path
     logits: torch.Tensor  # [1, k, V] float32
     info: dict
-    drafts: torch.Tensor | None = None  # [1, k - 1]: a DFlash2's selector picks (greedy), where the case has them
+    drafts: torch.Tensor | None = None  # [1, n]: a DFlash2's selector or a DSpark's Markov chain picks (greedy)
+    confidence: torch.Tensor | None = None  # [1, k]: a DSpark's confidence logits, teacher-forced
 
 
-def run_loaded(package: str, directory: Path, block_size: int, dflash2: dict | None, inputs: OracleInputs, root: Path):
+def run_loaded(
+    package: str, directory: Path, block_size: int, own: dict, inputs: OracleInputs, root: Path
+):  # fmt: skip
     """A directory written elsewhere (portable-spec's `export speculators`) read and run by the package's own classes
     (worker.load_saved_speculator) on the oracle inputs: its OracleAnswer."""
     python = venv_python(package)
     out = root / package / "loaded"
     out.mkdir(parents=True, exist_ok=True)
     block = torch.tensor([[inputs.anchor] + [1] * (block_size - 1)])
-    save_file({"features": inputs.features.contiguous(), "block_ids": block}, str(out / "inputs.safetensors"))
-    case = {"name": "loaded", "load": str(directory), "dflash2": dflash2, "out": str(out)}
+    tensors = {
+        "features": inputs.features.contiguous(),
+        "block_ids": block,
+        "true_tokens": inputs.true_tokens(block_size),
+    }
+    save_file(tensors, str(out / "inputs.safetensors"))
+    case = {"name": "loaded", "load": str(directory), **own, "out": str(out)}
     request = root / package / "loaded-request.json"
     request.write_text(
         json.dumps(
@@ -104,9 +116,8 @@ def run_loaded(package: str, directory: Path, block_size: int, dflash2: dict | N
     )
     _run_worker(python, request, package)
     tensors = load_file(str(out / "oracle.safetensors"))
-    return OracleAnswer(
-        directory, tensors["logits"], json.loads((out / "oracle.json").read_text()), tensors.get("drafts")
-    )
+    info = json.loads((out / "oracle.json").read_text())
+    return OracleAnswer(directory, tensors["logits"], info, tensors.get("drafts"), tensors.get("confidence"))
 
 
 def _run_worker(python: Path, request: Path, package: str) -> None:
@@ -130,6 +141,8 @@ def run_package(package: str, inputs: OracleInputs, root: Path) -> dict[str, Ora
         out = root / package / case.name
         out.mkdir(parents=True, exist_ok=True)
         tensors = {"features": inputs.features, "block_ids": block_ids(case, inputs)}
+        if case.dspark:
+            tensors["true_tokens"] = inputs.true_tokens(case.block_size)
         if case.decode:
             tensors["prompt_ids"] = torch.tensor([inputs.prompt])
         if case.draft_vocab:
@@ -147,7 +160,8 @@ def run_package(package: str, inputs: OracleInputs, root: Path) -> dict[str, Ora
     for case in cases:
         out = Path(case["out"])
         tensors = load_file(str(out / "oracle.safetensors"))
+        info = json.loads((out / "oracle.json").read_text())
         answers[case["name"]] = OracleAnswer(
-            out / "checkpoint", tensors["logits"], json.loads((out / "oracle.json").read_text()), tensors.get("drafts")
+            out / "checkpoint", tensors["logits"], info, tensors.get("drafts"), tensors.get("confidence")
         )
     return answers

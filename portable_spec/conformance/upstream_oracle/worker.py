@@ -18,6 +18,8 @@ The forward each project is taken through is the one its trainer (or decode loop
   and `_backbone_forward` with one anchor (its trainer's mask `create_anchor_block_mask_mod`: context
   k >= anchor - W in sliding layers, full layers bidirectional, sliding ones causal unless
   `sliding_window_non_causal`), logits from its own `lm_head` (the draft vocabulary's rows when reduced).
+  A DSpark case builds `DSparkDraftModel` the same way and runs its Markov and confidence heads on the block
+  (dspark_heads): teacher-forced logits and confidence on the prompt's true continuation, and a greedy chain.
 - specforge 0.2.0: `OnlineDFlashModel._forward_draft_blocks` (its trainer's forward, sdpa mask
   `create_dflash_sdpa_mask`: window per slot, causal in sliding layers) with one anchor, logits on the target's head.
 """
@@ -152,9 +154,10 @@ def decode_rounds(model, target, prompt_ids, case) -> dict:
 def run_speculators(case: dict, target, inputs: dict, out: Path) -> dict:
     from speculators.models.dflash import DFlashDraftModel
     from speculators.models.dflash2 import DFlash2DraftModel
+    from speculators.models.dspark import DSparkDraftModel
 
-    dflash2 = case.get("dflash2")
-    builder = DFlash2DraftModel if dflash2 is not None else DFlashDraftModel
+    dflash2, dspark = case.get("dflash2"), case.get("dspark")
+    builder = DFlash2DraftModel if dflash2 is not None else DSparkDraftModel if dspark is not None else DFlashDraftModel
     draft_ids = inputs.get("draft_ids")
     if case.get("load"):  # a directory written elsewhere (portable-spec's export): read by speculators' own classes
         model = load_saved_speculator(builder, Path(case["load"]))
@@ -189,7 +192,45 @@ def run_speculators(case: dict, target, inputs: dict, out: Path) -> dict:
     if dflash2:
         result["drafts"] = greedy_selector_chain(model.candidate_selector, hidden, logits, block[0, 0])
         info["drafts"] = "greedy chain over speculators CandidateSelector.score_candidates, slot after slot"
+    if dspark:
+        result.update(dspark_heads(model, hidden, inputs["true_tokens"][:, :k], draft_ids, target))
+        info["forward"] += "; its MarkovHead.block_bias and ConfidenceHead, teacher-forced on the true block"
+        info["drafts"] = "greedy chain: its MarkovHead.block_bias over the drafts so far, slot after slot"
     return result, info
+
+
+def dspark_heads(model, hidden, block_tokens, draft_ids, target) -> dict:
+    """A DSpark's heads run as speculators 0.9.0 DSparkDraftModel.forward runs them on one block (its previous-token
+    rule, copied from that forward: the block's tokens with sample_from_anchor, else shifted one right keeping the
+    anchor): `logits` [1, k, V] with the Markov bias given the true tokens `block_tokens` [1, k], `confidence`
+    [1, k]; and `drafts` [1, n], a greedy chain through its own MarkovHead.block_bias on the drafts so far (the
+    recurrent head unrolled from slot 0, as its block_bias does), n = k with sample_from_anchor, else k - 1."""
+    head, from_anchor = model.markov_head, model.config.sample_from_anchor
+    vocab = target.config.vocab_size
+    with torch.no_grad():
+        if from_anchor:
+            prev = block_tokens
+        else:
+            prev = torch.cat([block_tokens[:, :1], block_tokens[:, :-1]], dim=1)
+        base = model.lm_head(hidden)  # [1, k, V_draft]
+        biased = base + head.block_bias(prev_token_ids=prev, hidden_states=hidden)
+        features = hidden
+        if model.config.confidence_head_with_markov:
+            features = torch.cat([hidden, head.prev_embeddings(prev).to(hidden.dtype)], dim=-1)
+        confidence = model.confidence_head(features)
+        chain = [block_tokens[0, 0]] * (1 if from_anchor else 2)  # previous tokens of slots 0 .. s
+        drafts = []
+        for slot in range(0 if from_anchor else 1, hidden.shape[1]):
+            ids = torch.stack(chain)[None]
+            bias = head.block_bias(prev_token_ids=ids, hidden_states=hidden[:, : slot + 1])[:, -1]
+            scored = full_vocab_logits((base[:, slot] + bias)[:, None].float(), draft_ids, vocab)[:, 0]
+            drafts.append(scored.argmax(dim=-1)[0])
+            chain.append(drafts[-1])
+    return {
+        "logits": full_vocab_logits(biased.float(), draft_ids, vocab),
+        "confidence": confidence.float(),
+        "drafts": torch.stack(drafts)[None],
+    }
 
 
 def built_speculator(builder, case: dict, target, draft_ids):
@@ -214,10 +255,10 @@ def built_speculator(builder, case: dict, target, draft_ids):
     if case.get("causal") is not None:  # speculators' switch is the opposite: sliding_window_non_causal
         kwargs["sliding_window_non_causal"] = not case["causal"]
     torch.manual_seed(case["seed"])
-    dflash2 = case.get("dflash2")
-    model = builder.from_training_args(config, t2d=t2d, d2t=d2t, **kwargs, **(dflash2 or {})).float().eval()
+    dflash2, dspark = case.get("dflash2"), case.get("dspark")
+    model = builder.from_training_args(config, t2d=t2d, d2t=d2t, **kwargs, **(dflash2 or dspark or {})).float().eval()
     skip = ("embed_tokens", "lm_head", "verifier_", "t2d", "d2t")
-    load_or_seed(model, case, skip=skip, own=DFLASH2_OWN if dflash2 else ())
+    load_or_seed(model, case, skip=skip, own=DFLASH2_OWN if dflash2 else DSPARK_OWN if dspark else ())
     return model, draft_ids
 
 
@@ -300,6 +341,7 @@ RUNNERS = {"dflash": run_dflash, "speculators": run_speculators, "specforge": ru
 
 
 DFLASH2_OWN = ("_conv.", "candidate_selector.")  # DFlash2's own tensors: seeded, never in the given weights
+DSPARK_OWN = ("markov_head.", "confidence_head.")  # DSpark's
 
 
 def load_or_seed(model: torch.nn.Module, case: dict, skip: tuple[str, ...], own: tuple[str, ...] = ()) -> None:
@@ -312,8 +354,10 @@ def load_or_seed(model: torch.nn.Module, case: dict, skip: tuple[str, ...], own:
             raise RuntimeError(f"weights do not fit the upstream model: missing {owned}, unexpected {unexpected}")
     else:
         seeded_weights(model, case["seed"], skip + own)
-    if own:
+    if own == DFLASH2_OWN:
         seeded_dflash2(model, case["seed"])
+    elif own == DSPARK_OWN:
+        seeded_dspark(model, case["seed"])
 
 
 def seeded_dflash2(model: torch.nn.Module, seed: int) -> None:
@@ -330,6 +374,23 @@ def seeded_dflash2(model: torch.nn.Module, seed: int) -> None:
                 parameter.copy_(0.3 * noise / parameter.shape[-1] ** 0.5)
             elif "candidate_selector." in name:
                 parameter.copy_(noise / (parameter.shape[-1] ** 0.5 if name.endswith("projection.weight") else 1))
+
+
+def seeded_dspark(model: torch.nn.Module, seed: int) -> None:
+    """A DSpark's Markov bias about as large as the trained drafter's logit spread (so it changes picks) and every
+    other head tensor at the scale seeded_weights gives."""
+    generator = torch.Generator().manual_seed(seed + 2)
+    with torch.no_grad():
+        for name, parameter in sorted(model.named_parameters()):
+            if not name.startswith(DSPARK_OWN):
+                continue
+            noise = torch.randn(parameter.shape, generator=generator)
+            if name.endswith("markov_w1.weight"):
+                parameter.copy_(noise)
+            elif name.endswith("markov_w2.weight"):
+                parameter.copy_(4 * noise / parameter.shape[-1] ** 0.5)
+            else:
+                parameter.copy_(noise / parameter.shape[-1] ** 0.5 if parameter.dim() == 2 else 0.1 * noise)
 
 
 def main(request_path: str) -> None:

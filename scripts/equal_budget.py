@@ -1,0 +1,159 @@
+"""The equal-budget comparison of the single-pass kinds on SmolLM2 (issue 45): parallel (DFlash), depth_causal (ours),
+dflash2 (z-lab) and dspark (speculators), each trained from scratch on the same data, at the same depth and MLP
+width, for the same seconds of training, at blocks 4 and 8; held-out acceptance (tau and per slot) from each run's
+own held-out evaluation at the end, the drafter's cost per pass measured here, written as one markdown table.
+
+    python scripts/equal_budget.py --work-dir runs/equal --budget 480 --out docs/benchmarks/equal_budget_smollm2.md
+
+The data stage runs once, first (`portable-spec train ... --until features`, replies from vLLM when it is
+importable); then two runs at a time, one thread each (OMP_NUM_THREADS=1), so every run gets one core for its
+budget. Every kind scores the full vocabulary (DFlash2 requires it, so all do). Runs resume from their work dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from portable_spec.training.work_dir import WorkDir
+
+KINDS = ("parallel", "depth_causal", "dflash2", "dspark")
+BLOCKS = (4, 8)
+DATA = ["--target", "smollm2", "--num-prompts", "384", "--max-new-tokens", "256", "--heldout-eval-prompts", "32"]
+SHAPE = ["--num-hidden-layers", "2", "--target-layer-ids", "1", "14", "27", "--intermediate-size", "1536",
+         "--draft-vocab-size", "0"]  # fmt: skip
+LOOP = ["--steps", "1000000", "--batch-size", "8", "--anchors-per-seq", "8", "--seq-len", "512", "--lr", "1e-3",
+        "--warmup-steps", "20", "--loss-gamma", "7", "--save-every", "50"]  # fmt: skip
+
+
+def name(kind: str, block: int) -> str:
+    return f"{kind}-b{block}"
+
+
+def command(work: Path, kind: str, block: int, budget: int, until: str | None = None) -> list[str]:
+    out = work / "drafters" / name(kind, block)
+    flags = ["--kind", kind, "--block-size", str(block), "--eval-blocks", str(block), "--time-budget", str(budget),
+             "--eval-every", str(budget)]  # fmt: skip
+    tail = ["--until", until] if until else []
+    return ["portable-spec", "train", *DATA, *SHAPE, *LOOP, *flags, "--work-dir", str(work), "--out", str(out), *tail]
+
+
+def run_all(work: Path, budget: int, kinds, blocks, parallel: int) -> None:
+    first = command(work, kinds[0], blocks[0], budget, until="features")
+    subprocess.run(first, check=True)
+    pending = [(kind, block) for block in blocks for kind in kinds]
+    running: list[tuple[subprocess.Popen, str]] = []
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    while pending or running:
+        while pending and len(running) < parallel:
+            kind, block = pending.pop(0)
+            log = open(work / f"{name(kind, block)}.log", "a")
+            running.append(
+                (
+                    subprocess.Popen(command(work, kind, block, budget), stdout=log, stderr=log, env=env),
+                    name(kind, block),
+                )
+            )
+            print(f"started {name(kind, block)}", flush=True)
+        time.sleep(5)
+        for process, label in list(running):
+            if process.poll() is not None:
+                running.remove((process, label))
+                print(f"{label}: exit {process.returncode}", flush=True)
+
+
+def last_eval(work: Path, label: str) -> dict | None:
+    path = WorkDir(work).heldout_log(label)
+    if not path.is_file():
+        return None
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def steps_done(work: Path, label: str) -> tuple[int, float]:
+    path = WorkDir(work).loss_log(label)
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return (lines[-1]["step"], lines[-1]["loss"]) if lines else (0, float("nan"))
+
+
+def drafter_cost(work: Path, label: str, repeats: int = 20) -> tuple[float, int]:
+    """Median seconds of one propose (one pass, block drafts) after a 256-token context, on this CPU, one thread; and
+    the drafter's parameter count (its own, not the target's shared embedding and head)."""
+    import torch
+
+    from portable_spec.core.real_target import resolve_target
+    from portable_spec.core.target import TargetModel
+
+    torch.set_num_threads(1)
+    target = TargetModel.load(resolve_target("smollm2"))
+    drafter = target.load_drafter(work / "drafters" / label)
+    params = sum(p.numel() for p in drafter.parameters())
+    config = drafter.config
+    context_len = 256
+    features = torch.randn(1, context_len, config.feature_size)
+    positions = torch.arange(context_len)[None]
+    with torch.no_grad():
+        context = drafter.context_kv(features, positions)
+        valid = torch.ones(1, context_len, dtype=torch.bool)
+        times = []
+        for _ in range(repeats + 3):
+            start = time.perf_counter()
+            drafter.propose(
+                context, valid, torch.tensor([5]), torch.tensor([context_len]), config.block_size - 1, positions
+            )
+            times.append(time.perf_counter() - start)
+    times = sorted(times[3:])
+    return times[len(times) // 2], params
+
+
+def table(work: Path, kinds, blocks, budget: int) -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU")  # fmt: skip
+    rows = ["| block | kind | steps in budget | last loss | held-out tau | acceptance per slot | drafter params | "
+            "ms per pass (1 thread) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for block in blocks:
+        for kind in kinds:
+            label = name(kind, block)
+            found = last_eval(work, label)
+            step, loss = steps_done(work, label)
+            if found is None:
+                rows.append(f"| {block} | {kind} | {step} | {loss} | (no evaluation) | | | |")
+                continue
+            seconds, params = drafter_cost(work, label)
+            tau = found["tau"][str(block)] if isinstance(found.get("tau"), dict) else found.get("tau")
+            per_slot = found.get("acceptance_by_position", {}).get(str(block), "")
+            rows.append(
+                f"| {block} | {kind} | {step} | {loss:.3f} | {tau} | {per_slot} | {params / 1e6:.1f}M | "
+                f"{1000 * seconds:.1f} |"
+            )
+    head = (f"Equal budget: {budget} s of training per run, one thread each, on {cpu}; "
+            f"`python scripts/equal_budget.py --budget {budget}`.")  # fmt: skip
+    return head + "\n\n" + "\n".join(rows) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work-dir", type=Path, required=True)
+    parser.add_argument("--budget", type=int, default=480, help="Seconds of training per run.")
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS))
+    parser.add_argument("--blocks", nargs="+", type=int, default=list(BLOCKS))
+    parser.add_argument("--parallel", type=int, default=2, help="Runs at once, one thread each.")
+    parser.add_argument("--table-only", action="store_true", help="Write the table from finished runs.")
+    parser.add_argument("--out", type=Path, default=None, help="Markdown file for the table (default: stdout).")
+    args = parser.parse_args()
+    if not args.table_only:
+        run_all(args.work_dir, args.budget, args.kinds, args.blocks, args.parallel)
+    text = table(args.work_dir, args.kinds, args.blocks, args.budget)
+    if args.out is None:
+        sys.stdout.write(text)
+    else:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
