@@ -1,13 +1,16 @@
 """The equal-budget comparison of the single-pass kinds on SmolLM2 (issue 45): parallel (DFlash), depth_causal (ours),
 dflash2 (z-lab) and dspark (speculators), each trained from scratch on the same data, at the same depth and MLP
-width, for the same seconds of training, at blocks 4 and 8; held-out acceptance (tau and per slot) from each run's
-own held-out evaluation at the end, the drafter's cost per pass measured here, written as one markdown table.
+width, for the same number of steps (the same batches, in the same order), at blocks 4 and 8; held-out acceptance
+(tau and per slot) from each run's own held-out evaluation at the end, the seconds each run trained and the
+drafter's cost per pass measured here, written as one markdown table.
 
-    python scripts/equal_budget.py --work-dir runs/equal --budget 480 --out docs/benchmarks/equal_budget_smollm2.md
+    python scripts/equal_budget.py --work-dir runs/equal --steps 150 --out docs/benchmarks/equal_budget_smollm2.md
+
+Equal steps rather than equal seconds: on a shared 2-core machine a time budget measures the neighbours' load as
+much as the kind; the table gives each run's training seconds beside its steps, and the cost per pass alone.
 
 The data stage runs once, first (`portable-spec train ... --until features`, replies from vLLM when it is
-importable); then two runs at a time, one thread each (OMP_NUM_THREADS=1), so every run gets one core for its
-budget. Every kind scores the full vocabulary (DFlash2 requires it, so all do). Runs resume from their work dir.
+importable); then two runs at a time, one thread each (OMP_NUM_THREADS=1). Every kind scores the full vocabulary (DFlash2 requires it, so all do). Runs resume from their work dir.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ BLOCKS = (4, 8)
 DATA = ["--target", "smollm2", "--num-prompts", "384", "--max-new-tokens", "256", "--heldout-eval-prompts", "32"]
 SHAPE = ["--num-hidden-layers", "2", "--target-layer-ids", "1", "14", "27", "--intermediate-size", "1536",
          "--draft-vocab-size", "0"]  # fmt: skip
-LOOP = ["--steps", "1000000", "--batch-size", "8", "--anchors-per-seq", "8", "--seq-len", "512", "--lr", "1e-3",
+LOOP = ["--batch-size", "8", "--anchors-per-seq", "8", "--seq-len", "512", "--lr", "1e-3",
         "--warmup-steps", "20", "--loss-gamma", "7", "--save-every", "50"]  # fmt: skip
 
 
@@ -35,16 +38,16 @@ def name(kind: str, block: int) -> str:
     return f"{kind}-b{block}"
 
 
-def command(work: Path, kind: str, block: int, budget: int, until: str | None = None) -> list[str]:
+def command(work: Path, kind: str, block: int, steps: int, until: str | None = None) -> list[str]:
     out = work / "drafters" / name(kind, block)
-    flags = ["--kind", kind, "--block-size", str(block), "--eval-blocks", str(block), "--time-budget", str(budget),
-             "--eval-every", str(budget)]  # fmt: skip
+    flags = ["--kind", kind, "--block-size", str(block), "--eval-blocks", str(block), "--steps", str(steps),
+             "--eval-every", "1000000"]  # fmt: skip
     tail = ["--until", until] if until else []
     return ["portable-spec", "train", *DATA, *SHAPE, *LOOP, *flags, "--work-dir", str(work), "--out", str(out), *tail]
 
 
-def run_all(work: Path, budget: int, kinds, blocks, parallel: int) -> None:
-    first = command(work, kinds[0], blocks[0], budget, until="features")
+def run_all(work: Path, steps: int, kinds, blocks, parallel: int) -> None:
+    first = command(work, kinds[0], blocks[0], steps, until="features")
     subprocess.run(first, check=True)
     pending = [(kind, block) for block in blocks for kind in kinds]
     running: list[tuple[subprocess.Popen, str]] = []
@@ -55,7 +58,7 @@ def run_all(work: Path, budget: int, kinds, blocks, parallel: int) -> None:
             log = open(work / f"{name(kind, block)}.log", "a")
             running.append(
                 (
-                    subprocess.Popen(command(work, kind, block, budget), stdout=log, stderr=log, env=env),
+                    subprocess.Popen(command(work, kind, block, steps), stdout=log, stderr=log, env=env),
                     name(kind, block),
                 )
             )
@@ -75,10 +78,14 @@ def last_eval(work: Path, label: str) -> dict | None:
     return lines[-1] if lines else None
 
 
-def steps_done(work: Path, label: str) -> tuple[int, float]:
+def steps_done(work: Path, label: str) -> tuple[int, float, float]:
+    """(steps, the mean loss of the last 10, training seconds) from the run's loss log."""
     path = WorkDir(work).loss_log(label)
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-    return (lines[-1]["step"], lines[-1]["loss"]) if lines else (0, float("nan"))
+    if not lines:
+        return 0, float("nan"), 0.0
+    tail = lines[-10:]
+    return lines[-1]["step"], sum(line["loss"] for line in tail) / len(tail), lines[-1]["seconds"]
 
 
 def drafter_cost(work: Path, label: str, repeats: int = 20) -> tuple[float, int]:
@@ -111,35 +118,35 @@ def drafter_cost(work: Path, label: str, repeats: int = 20) -> tuple[float, int]
     return times[len(times) // 2], params
 
 
-def table(work: Path, kinds, blocks, budget: int) -> str:
+def table(work: Path, kinds, blocks, steps: int) -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "unknown CPU")  # fmt: skip
-    rows = ["| block | kind | steps in budget | last loss | held-out tau | acceptance per slot | drafter params | "
-            "ms per pass (1 thread) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| block | kind | steps | training s | loss (last 10) | held-out tau | acceptance per slot | drafter "
+            "params | ms per pass (1 thread) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for block in blocks:
         for kind in kinds:
             label = name(kind, block)
             found = last_eval(work, label)
-            step, loss = steps_done(work, label)
+            step, loss, seconds_trained = steps_done(work, label)
             if found is None:
-                rows.append(f"| {block} | {kind} | {step} | {loss} | (no evaluation) | | | |")
+                rows.append(f"| {block} | {kind} | {step} | {seconds_trained:.0f} | {loss} | (no evaluation) | | | |")
                 continue
             seconds, params = drafter_cost(work, label)
             tau = found["tau"][str(block)] if isinstance(found.get("tau"), dict) else found.get("tau")
             per_slot = found.get("acceptance_by_position", {}).get(str(block), "")
             rows.append(
-                f"| {block} | {kind} | {step} | {loss:.3f} | {tau} | {per_slot} | {params / 1e6:.1f}M | "
+                f"| {block} | {kind} | {step} | {seconds_trained:.0f} | {loss:.3f} | {tau} | {per_slot} | {params / 1e6:.1f}M | "
                 f"{1000 * seconds:.1f} |"
             )
-    head = (f"Equal budget: {budget} s of training per run, one thread each, on {cpu}; "
-            f"`python scripts/equal_budget.py --budget {budget}`.")  # fmt: skip
+    head = (f"Equal budget: {steps} steps of training per run (the same batches), two runs at a time, one thread "
+            f"each, on {cpu}; `python scripts/equal_budget.py --steps {steps}`.")  # fmt: skip
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work-dir", type=Path, required=True)
-    parser.add_argument("--budget", type=int, default=480, help="Seconds of training per run.")
+    parser.add_argument("--steps", type=int, default=150, help="Training steps per run.")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS))
     parser.add_argument("--blocks", nargs="+", type=int, default=list(BLOCKS))
     parser.add_argument("--parallel", type=int, default=2, help="Runs at once, one thread each.")
@@ -147,8 +154,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="Markdown file for the table (default: stdout).")
     args = parser.parse_args()
     if not args.table_only:
-        run_all(args.work_dir, args.budget, args.kinds, args.blocks, args.parallel)
-    text = table(args.work_dir, args.kinds, args.blocks, args.budget)
+        run_all(args.work_dir, args.steps, args.kinds, args.blocks, args.parallel)
+    text = table(args.work_dir, args.kinds, args.blocks, args.steps)
     if args.out is None:
         sys.stdout.write(text)
     else:

@@ -43,6 +43,7 @@ DRAFTERS = {  # kind -> layers; block 16 so the same drafter serves 3, 7 and 15 
     "autoregressive": 1,
     "dflash2": 2,  # parallel's layers, speculators 0.9.0's convolution and selector defaults
     "dspark": 2,  # parallel's layers, speculators 0.9.0's DSpark defaults (vanilla Markov head, from the anchor)
+    "domino": 2,  # parallel's layers, a Domino GRU correction (portable-spec's default sizes: SpecForge has none)
 }
 TARGET_LAYER_IDS = [0, 1, 2]
 BLOCK_SIZE = 16

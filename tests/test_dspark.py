@@ -138,6 +138,7 @@ def test_a_reduced_draft_vocabulary_drafts_target_ids(target):
     assert all(100 <= token < 140 for token in drafts[0].tolist())
 
 
+@torch.no_grad()  # the formulas are compared, not differentiated
 def test_the_loss_adds_the_confidence_cross_entropy(target):
     """speculators 0.9.0 DSpark: the token cross-entropy on the Markov-biased logits (teacher-forced) plus, per
     slot, BCE(confidence, acceptance rate) with alpha 1; the rate here is q(label) (replies are the target's own
@@ -148,8 +149,7 @@ def test_the_loss_adds_the_confidence_cross_entropy(target):
 
     drafter = tiny_drafter(target, "dspark", variant_options=SMALL).requires_grad_(False)
     tokens = torch.randint(0, 255, (1, 30), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        features = target.features(tokens, torch.arange(30)[None], torch.ones_like(tokens).bool(), [0, 1])
+    features = target.features(tokens, torch.arange(30)[None], torch.ones_like(tokens).bool(), [0, 1])
     anchors = torch.tensor([[3, 11]])
     hidden, true_tokens = teacher_forced_blocks(drafter, features, tokens, anchors)
     assert true_tokens.shape == (1, 2, 9)  # the anchor and eight labels
@@ -163,8 +163,7 @@ def test_the_loss_adds_the_confidence_cross_entropy(target):
     bce = F.binary_cross_entropy_with_logits(confidence, rate, reduction="none")
     weights = torch.exp(-torch.arange(8.0) / 7.0)
     expected = ((token_loss + bce) * weights).sum() / (weights.sum() * 2)
-    with torch.no_grad():
-        loss = drafter_loss(drafter, features, tokens, anchors, 7.0)
+    loss = drafter_loss(drafter, features, tokens, anchors, 7.0)
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
 
 

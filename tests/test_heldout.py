@@ -9,7 +9,7 @@ from fixture_training import train_drafter
 
 from portable_spec.core import fixtures
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
-from portable_spec.core.spec import SpecError
+from portable_spec.core.spec import VARIANT_KINDS, SpecError
 from portable_spec.core.target import TargetModel, drafter_config_for
 from portable_spec.core.testing import tiny_target
 from portable_spec.training.config import EvalConfig, TrainConfig
@@ -43,7 +43,7 @@ def _greedy_dataset(target: TargetModel, prompts: list[list[int]], reply_len: in
     return FeatureDataset(sequences, torch.cat(features))
 
 
-@pytest.mark.parametrize("kind", ["depth_causal", "parallel", "autoregressive"])
+@pytest.mark.parametrize("kind", VARIANT_KINDS)
 @pytest.mark.parametrize("num_drafts", [3, 7])
 def test_simulated_rounds_are_the_decode_loops_rounds(fixture_target, kind, num_drafts):
     """Same prompts, same drafter: the accepted drafts of every round equal SpeculativeDecoder's, request by request.

@@ -144,19 +144,43 @@ def test_a_dspark_port_that_misreads_a_piece_fails_its_row(workspace, monkeypatc
 
 
 @pytest.mark.upstream
-def test_the_dspark_rows_markov_chains_change_picks(workspace):
-    """Each DSpark row's upstream drafts differ from the plain argmax of the same block's unbiased logits in some
-    slot, so the chained-drafts compare tests the chain, not DFlash's argmax."""
-    _needs("speculators")
+@pytest.mark.parametrize("broken,name", [("no_correction", "domino_b8"), ("no_prefix", "domino_prefix")])
+def test_a_domino_port_that_misreads_a_piece_fails_its_row(workspace, monkeypatch, broken, name):
+    """The Domino rows tell the pieces apart: SpecForge's own head disagrees with a port that drops the GRU correction
+    or corrects the slots pure_draft_prefix_len leaves alone."""
+    _needs("specforge")
+    from portable_spec.core import domino, drafter
+
+    if broken == "no_correction":
+        monkeypatch.setattr(drafter, "block_corrections", lambda *a: domino.block_corrections(*a) * 0)
+        step = domino.step_correction
+        monkeypatch.setattr(drafter, "step_correction", lambda *a: (step(*a)[0], step(*a)[1] * 0))
+    else:
+        monkeypatch.setattr(
+            drafter,
+            "block_corrections",
+            lambda gru, proj, prev, hidden, prefix: domino.block_corrections(gru, proj, prev, hidden, 0),
+        )
+    case = next(c for c in CASES if c.package == "specforge" and c.name == name)
+    with pytest.raises(CheckFailed, match="differ from the upstream's own forward"):
+        _block_check(_context(Workspace(workspace.root / f"broken-{broken}-{name}")), case)
+
+
+@pytest.mark.upstream
+def test_the_sequential_rows_chains_change_picks(workspace):
+    """Each DSpark and Domino row's upstream drafts differ from the plain argmax of the same block's uncorrected
+    logits in some slot, so the chained-drafts compare tests the chain, not DFlash's argmax."""
     from portable_spec.conformance.upstream_oracle.checks import _answer, _block_logits, _imported, _inputs
 
     ctx = _context(workspace)
-    for case in (c for c in CASES if c.dspark):
+    for case in (c for c in CASES if c.dspark or c.domino):
+        _needs(case.package)
+        dspark = case.dspark or {}
         answer = _answer(ctx, case)
         logits = _block_logits(ctx.backend, case, _imported(ctx, case, answer), _inputs(ctx))  # slots 1..k-1
         plain = logits.argmax(-1).tolist()
         drafts = answer.drafts[0].tolist()
-        offset = 1 if case.dspark.get("sample_from_anchor", True) else 0  # drafts[i] is slot i (+1 without anchor)
+        offset = 1 if case.dspark and dspark.get("sample_from_anchor", True) else 0  # drafts[i]: slot i (+1 if not)
         assert drafts[offset:] != plain[: len(drafts) - offset], case.id
 
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from portable_spec.core.attention import BlockMask, anchor_window_mask, window_mask, within_block_mask
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
+from portable_spec.core.domino import block_corrections, domino_modules, step_correction
 from portable_spec.core.drafter_layers import DrafterLayer, rotary_cos_sin, rotary_frequencies
 from portable_spec.core.markov import ConfidenceHead, MarkovHead, previous_tokens
 from portable_spec.core.selector import CandidateSelector
@@ -67,6 +68,11 @@ class Drafter(nn.Module):
             if variant.confidence_head:
                 markov = variant.markov_rank if variant.confidence_head_with_markov else 0
                 self.confidence_head = ConfidenceHead(config.hidden_size + markov)
+        if self.behaviour.gru_head:  # Domino: a GRU over the block's tokens corrects each slot (SpecForge's names)
+            variant = config.variant
+            self.prefix_gru, self.embed_proj = domino_modules(
+                config.hidden_size, config.vocab_size, variant.emb_dim, variant.gru_hidden_dim
+            )
         self.shared: SharedTargetModules | None = None  # the target's modules, given by TargetModel.bind
         self._head_cache: tuple[tuple, tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -188,9 +194,20 @@ class Drafter(nn.Module):
         before each slot (how speculators 0.9.0 trains it)."""
         slots = self.draft_slots(self.config.max_draft_tokens)
         logits = self.scored_logits(hidden[..., slots, :])
+        k = self.config.block_size
+        if self.behaviour.gru_head:  # Domino: slots 1 .. k-1, the GRU over the true tokens before each
+            previous = self.embed(block_tokens[..., : k - 1])
+            shape = previous.shape[:-2]
+            corrections = block_corrections(
+                self.prefix_gru,
+                self.embed_proj,
+                previous.reshape(-1, k - 1, previous.shape[-1]),
+                hidden.reshape(-1, k, hidden.shape[-1]),
+                self.config.variant.pure_draft_prefix_len,
+            )
+            return logits + corrections.view(*shape, k - 1, -1)
         if not self.behaviour.markov_head:
             return logits
-        k = self.config.block_size
         previous = previous_tokens(block_tokens[..., :k], self.config.drafts_from_anchor)
         return logits + self.markov_head.block_bias(previous, hidden)[..., slots, :]
 
@@ -244,10 +261,7 @@ class Drafter(nn.Module):
             block = anchor_block(self.config, anchor_tokens, width)
             positions = anchor_positions[:, None, None] + torch.arange(width, device=block.device)
             hidden = self.block_hidden(block, positions, context, context_valid, context_positions)[:, 0]
-            if self.behaviour.markov_head:
-                return self.markov_drafts(hidden, anchor_tokens, num_drafts, sampler)
-            hidden = hidden[:, self.draft_slots(num_drafts)]  # DFlash2: selector.py
-            return self.candidate_selector.select(hidden, self.scored_logits(hidden), anchor_tokens, sampler)
+            return self.head_drafts(hidden, anchor_tokens, num_drafts, sampler)
 
         def run(block):
             k = block.shape[-1]
@@ -255,6 +269,19 @@ class Drafter(nn.Module):
             return self.block_logits(block, positions, context, context_valid, context_positions)
 
         return (*greedy_drafts(run, self.config, anchor_tokens, num_drafts, width), None)
+
+    def head_drafts(
+        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, num_drafts: int, sampler=None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """A sequential head's drafts from one block's final states [B, k, H] after anchors [B]: DSpark's Markov
+        chain, Domino's GRU chain or DFlash2's selector, greedy or drawn by `sampler` (what decoding and the held-out
+        acceptance both call)."""
+        if self.behaviour.markov_head:
+            return self.markov_drafts(hidden, anchor_tokens, num_drafts, sampler)
+        if self.behaviour.gru_head:
+            return self.domino_drafts(hidden, anchor_tokens, num_drafts, sampler)
+        hidden = hidden[:, self.draft_slots(num_drafts)]  # DFlash2: selector.py
+        return self.candidate_selector.select(hidden, self.scored_logits(hidden), anchor_tokens, sampler)
 
     def markov_drafts(
         self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, num_drafts: int, sampler=None
@@ -275,6 +302,30 @@ class Drafter(nn.Module):
             token, probability, q = pick_draft(logits, sampler, slot - slots.start)
             if hasattr(self, "confidence_head"):
                 probability = torch.sigmoid(self.confidence_logits(hidden[:, slot], previous).float())
+            drafts.append(token)
+            probabilities.append(probability)
+            qs.append(q)
+            previous = token
+        q = torch.stack(qs, dim=1) if sampler is not None else None
+        return torch.stack(drafts, dim=1), torch.stack(probabilities, dim=1), q
+
+    def domino_drafts(
+        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, num_drafts: int, sampler=None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Domino: one block's final states [B, >= num_drafts + 1, H] and anchors [B] -> drafts [B, n] picked slot
+        after slot, each corrected by the GRU over the tokens before it (domino.py; slots 1 .. pure_draft_prefix_len
+        uncorrected, their drafts still fed to the GRU), greedy or drawn by `sampler`; each draft's probability
+        (q's) and the q each was drawn from (None when greedy), as markov_drafts."""
+        prefix = self.config.variant.pure_draft_prefix_len
+        state, previous, drafts, probabilities, qs = None, anchor_tokens, [], [], []
+        for slot in range(1, num_drafts + 1):
+            state, correction = step_correction(
+                self.prefix_gru, self.embed_proj, state, self.embed(previous), hidden[:, slot]
+            )
+            logits = self.scored_logits(hidden[:, slot])
+            if slot > prefix:
+                logits = logits + correction
+            token, probability, q = pick_draft(logits, sampler, slot - 1)
             drafts.append(token)
             probabilities.append(probability)
             qs.append(q)

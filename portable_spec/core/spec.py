@@ -42,6 +42,8 @@ class VariantBehaviour:
     markov_head: each slot's logits get a low-rank bias from the token before it in the block (teacher-forced in
       training, the slot before's draft when decoding), and a confidence head predicts each slot's acceptance
       (DSpark's `MarkovHead` and `ConfidenceHead`).
+    gru_head: each slot's logits get a correction from a GRU over the block's tokens before it and the slot's state
+      (Domino's `prefix_gru` and `embed_proj`).
     """
 
     block_causal: bool
@@ -50,17 +52,23 @@ class VariantBehaviour:
     sublayer_conv: bool = False
     candidate_selector: bool = False
     markov_head: bool = False
+    gru_head: bool = False
     extras: str = ""  # what the kind computes beyond DFlash's layers and greedy head, in words (refusals name it)
 
     @property
     def sequential_head(self) -> bool:
         """Drafts picked slot after slot, each given the one before (DFlash2's selector, DSpark's Markov head)."""
-        return self.candidate_selector or self.markov_head
+        return self.candidate_selector or self.markov_head or self.gru_head
 
     @property
     def single_pass(self) -> bool:
         """One drafter pass per round over [anchor, MASK...]: the shape the engines' DFlash proposers run."""
         return not self.autoregressive
+
+    @property
+    def full_vocabulary(self) -> bool:
+        """Scores every target token: DFlash2's codebooks and Domino's correction have one row per token."""
+        return self.candidate_selector or self.gru_head
 
     @property
     def dflash_shaped(self) -> bool:
@@ -175,9 +183,38 @@ class DSparkVariant(_Strict):
     )
 
 
-VARIANT_CLASSES = (ParallelVariant, DepthCausalVariant, AutoregressiveVariant, DFlash2Variant, DSparkVariant)
+class DominoVariant(_Strict):
+    """SpecForge 0.2.0's Domino (specforge/modeling/draft/domino.py `DominoDraftModel`, vLLM's
+    `dflash_config.projector_type = "domino"`): DFlash's one pass, then each slot after the first
+    pure_draft_prefix_len adds embed_proj([h_s ; GRU(target embeddings of the block's tokens before it)]) to its
+    logits: a causal correction head, drafts picked slot after slot. Full vocabulary (embed_proj scores every token)."""
+
+    kind: Literal["domino"] = "domino"
+    engine_architecture: ClassVar[str] = "DominoDraftModel"  # SpecForge's class; vLLM and SGLang serve Domino
+    behaviour: ClassVar[VariantBehaviour] = VariantBehaviour(
+        block_causal=False,
+        shift_mix=False,
+        autoregressive=False,
+        gru_head=True,
+        extras="a GRU over the block's tokens correcting each slot's logits",
+    )
+    block_attention: Literal[BLOCK_ATTENTION] = Field(
+        "bidirectional", description="How block slots see each other: " + " | ".join(BLOCK_ATTENTION) + "."
+    )
+    emb_dim: int = Field(
+        512, ge=1, description="Width of the correction MLP (SpecForge's emb_dim; it has no default: this is ours)."
+    )
+    gru_hidden_dim: int = Field(
+        256, ge=1, description="GRU state width (SpecForge's gru_hidden_dim; it has no default: this is ours)."
+    )
+    pure_draft_prefix_len: int = Field(0, ge=0, description="Draft slots after the anchor left uncorrected.")
+
+
+VARIANT_CLASSES = (
+    ParallelVariant, DepthCausalVariant, AutoregressiveVariant, DFlash2Variant, DSparkVariant, DominoVariant
+)  # fmt: skip
 Variant = Annotated[
-    Union[ParallelVariant, DepthCausalVariant, AutoregressiveVariant, DFlash2Variant, DSparkVariant],
+    Union[ParallelVariant, DepthCausalVariant, AutoregressiveVariant, DFlash2Variant, DSparkVariant, DominoVariant],
     Field(discriminator="kind"),
 ]
 VARIANT_KINDS = tuple(cls.model_fields["kind"].default for cls in VARIANT_CLASSES)
@@ -415,6 +452,7 @@ class DrafterConfig(_Strict):
             )
         self._check_layer_attention()
         self._check_dflash2()
+        self._check_domino()
         ids = self.target_layer_ids
         if sorted(set(ids)) != ids:
             raise ValueError(f"target_layer_ids={ids} must be strictly increasing with no repeats")
@@ -452,6 +490,22 @@ class DrafterConfig(_Strict):
             raise ValueError(
                 f"draft_vocab_size={self.draft_vocab_size}: a dflash2 drafter scores the full vocabulary (its "
                 "selector's codebooks are indexed by target ids; speculators 0.9.0 refuses a reduced one too); omit it"
+            )
+
+    def _check_domino(self) -> None:
+        """A domino's correction scores the full vocabulary and leaves at most every draft slot uncorrected."""
+        variant = self.variant
+        if not isinstance(variant, DominoVariant):
+            return
+        if self.draft_vocab_size is not None:
+            raise ValueError(
+                f"draft_vocab_size={self.draft_vocab_size}: a domino drafter scores the full vocabulary (its "
+                "embed_proj has one row per target token, as SpecForge 0.2.0 builds it); omit it"
+            )
+        if variant.pure_draft_prefix_len > self.block_size - 1:
+            raise ValueError(
+                f"variant.pure_draft_prefix_len={variant.pure_draft_prefix_len} exceeds the block's "
+                f"{self.block_size - 1} draft slots (block_size={self.block_size}); use at most that many"
             )
 
     @property

@@ -45,6 +45,7 @@ KIND_FIELDS = {
         "confidence_head",
         "confidence_head_with_markov",
     ),
+    "domino": ("emb_dim", "gru_hidden_dim", "pure_draft_prefix_len"),
 }
 
 
@@ -148,6 +149,10 @@ class DrafterShape(Section):
         variant = TypeAdapter(Variant).validate_python({"kind": self.kind, **self.variant_options()})
         return max_draft_tokens(variant, self.block_size) + 1
 
+    emb_dim: int | None = Field(None, ge=1, description="domino: width of the correction MLP (512).")
+    gru_hidden_dim: int | None = Field(None, ge=1, description="domino: GRU state width (256).")
+    pure_draft_prefix_len: int | None = Field(None, ge=0, description="domino: draft slots left uncorrected (0).")
+
     def variant_options(self) -> dict:
         """The kind's own fields given (the rest take its variant class's defaults: speculators 0.9.0's)."""
         names = KIND_FIELDS.get(self.kind, ())
@@ -161,13 +166,13 @@ class DrafterShape(Section):
                 value = getattr(self, given[0])
                 raise ValueError(f"--{given[0].replace('_', '-')} {value}: only a {kind} drafter has it; drop it")
         if (
-            behaviour_of(self.kind).candidate_selector
+            behaviour_of(self.kind).full_vocabulary
             and self.draft_vocab_size
             and "draft_vocab_size" in (self.model_fields_set)
         ):
             raise ValueError(
-                f"--draft-vocab-size {self.draft_vocab_size}: a dflash2 drafter scores the full vocabulary (its "
-                "selector's codebooks are indexed by target ids); pass 0 or leave it out"
+                f"--draft-vocab-size {self.draft_vocab_size}: a {self.kind} drafter scores the full vocabulary (its "
+                "head has one row per target token, as upstream builds it); pass 0 or leave it out"
             )
         return self
 

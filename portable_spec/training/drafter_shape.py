@@ -53,7 +53,7 @@ def build_config(target: TargetModel, tokenizer, shape: DrafterShape, model_id: 
     rows = target.vocab_size
     mask = shape.mask_token_id if shape.mask_token_id is not None else mask_token_for(tokenizer, rows)
     draft_vocab = shape.draft_vocab_size
-    full = behaviour_of(shape.kind).candidate_selector  # dflash2 scores every token (config.DrafterShape says so)
+    full = behaviour_of(shape.kind).full_vocabulary  # dflash2, domino score every token (config.DrafterShape says so)
     if full or not draft_vocab or draft_vocab >= rows:  # 0, or the default (8192) on a small vocabulary: all
         draft_vocab = None
     return drafter_config_for(

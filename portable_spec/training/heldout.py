@@ -49,14 +49,10 @@ def greedy_drafts_at(drafter: Drafter, features: torch.Tensor, tokens: torch.Ten
         anchors = torch.arange(start, min(start + ANCHORS_PER_PASS, n), device=tokens.device)[None]
         hidden, _ = teacher_forced_blocks(drafter, features[None], padded, anchors)  # [1, A, k, H]
         anchor_tokens = padded[0, anchors[0]]
-        if drafter.behaviour.markov_head:  # dspark: the Markov chain over its own drafts after each anchor
-            rows.append(drafter.markov_drafts(hidden[0], anchor_tokens, drafts)[0])
+        if drafter.behaviour.sequential_head:  # dflash2, dspark, domino: the head's greedy chain after each anchor
+            rows.append(drafter.head_drafts(hidden[0], anchor_tokens, drafts)[0])
             continue
-        hidden = hidden[0, :, drafter.draft_slots(drafts)]
-        logits = drafter.scored_logits(hidden)  # [A, n, V_draft]
-        if drafter.behaviour.candidate_selector:  # dflash2: the selector's greedy chain after each anchor
-            rows.append(drafter.candidate_selector.select(hidden, logits, anchor_tokens)[0])
-            continue
+        logits = drafter.scored_logits(hidden[0, :, drafter.draft_slots(drafts)])  # [A, n, V_draft]
         draft = logits.argmax(dim=-1)
         rows.append(draft if ids is None else ids.to(draft.device)[draft])
     return torch.cat(rows)

@@ -11,7 +11,13 @@ cross-entropy on the true token's rank, weighted as the unary loss.
 
 A dspark drafter's logits carry its Markov bias given the true token before each slot, and its confidence head adds
 a binary cross-entropy against each slot's acceptance rate (confidence_losses; speculators 0.9.0
-models/dspark/core.py `forward`, metrics.py, `confidence_head_alpha` 1.0)."""
+models/dspark/core.py `forward`, metrics.py, `confidence_head_alpha` 1.0).
+
+A domino drafter's logits carry its GRU correction given the true tokens before each slot; the loss is their
+cross-entropy. SpecForge 0.2.0 (algorithms/common/dflash_family_model.py `OnlineDominoModel.forward`) also mixes in
+the uncorrected logits' cross-entropy with a weight falling from 1 to 0 over the first half of its steps
+(`lambda_base_start` 1.0, `lambda_base_decay_ratio` 0.5); that schedule needs the run's total steps, which a
+time-budgeted run does not have, and is not done here."""
 
 from __future__ import annotations
 

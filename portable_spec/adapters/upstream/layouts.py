@@ -75,6 +75,9 @@ DFLASH_CONFIG_KEYS = {
 # DFlash2's own switches (z-lab dflash 0.1.0 DFlash2DraftModel and CandidateSelector read each with _draft_value, no
 # default): the dflash2 variant's fields of the same names
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+# Domino's own switches (SpecForge 0.2.0 DominoDraftModel._init_draft_head reads them from dflash_config: emb_dim and
+# gru_hidden_dim with no default, pure_draft_prefix_len default 0; shift_label must stay false: NEUTRAL)
+DOMINO_KEYS = ("emb_dim", "gru_hidden_dim", "pure_draft_prefix_len")
 # DSpark's own switches (speculators 0.9.0 DSparkSpeculatorConfig) with its defaults, under their speculators names;
 # `enable_confidence_head` is the dspark variant's `confidence_head`, the rest keep their names
 SPECULATORS_DSPARK = {
@@ -323,6 +326,26 @@ def block_attention(layer_types: list[str] | None, causal: bool | None) -> str:
     return "causal_in_sliding_layers" if any(sliding) else "bidirectional"
 
 
+def _specforge_domino(dflash: dict, source: str) -> dict:
+    """A SpecForge Domino's dflash_config switches as the domino variant's fields, each read as its
+    DominoDraftModel reads it (emb_dim and gru_hidden_dim required, pure_draft_prefix_len default 0)."""
+    if dflash.get("projector_type", "domino") != "domino":
+        raise _refuse(source, "dflash_config.projector_type", dflash["projector_type"], "is not domino")
+    variant = {"kind": "domino"}
+    for key in DOMINO_KEYS:
+        value = dflash.get(key, 0 if key == "pure_draft_prefix_len" else None)
+        if not _whole(value) or value < 0:
+            raise _refuse(
+                source,
+                f"dflash_config.{key}",
+                value,
+                "must be a whole number: SpecForge's DominoDraftModel reads it"
+                + (" with no default" if key != "pure_draft_prefix_len" else ""),
+            )
+        variant[key] = value
+    return variant
+
+
 def _hf_dflash(data: dict, source: str) -> tuple[dict, dict, dict | None]:
     """z-lab / SpecForge: (fields, what it says of its target: num_target_layers, target_hidden_size, the dflash2
     variant's fields or None). Each DFlash key is read as z-lab's model.py `_draft_value` does: `dflash_config`
@@ -331,15 +354,17 @@ def _hf_dflash(data: dict, source: str) -> tuple[dict, dict, dict | None]:
     dflash2 = any(name.startswith("DFlash2") for name in architectures)
     if dflash2 and architectures != ["DFlash2DraftModel"]:
         raise _refuse(source, "architectures", architectures, "is not z-lab's DFlash2DraftModel: no portable kind")
-    read = DFLASH2_KEYS if dflash2 else ()
     dflash = data.get("dflash_config") or {}  # an object when set (_check_types)
-    unknown = sorted(set(dflash) - DFLASH_CONFIG_KEYS - set(NEUTRAL))
+    domino = architectures == ["DominoDraftModel"] or dflash.get("projector_type") == "domino"
+    read = DFLASH2_KEYS if dflash2 else ("projector_type",) if domino else ()
+    known = DFLASH_CONFIG_KEYS | set(NEUTRAL) | (set(DOMINO_KEYS) if domino else set())
+    unknown = sorted(set(dflash) - known)
     if unknown:
         raise _refuse(
             source,
             f"dflash_config.{unknown[0]}",
             dflash[unknown[0]],
-            f"is not a DFlash switch portable-spec knows ({', '.join(sorted(DFLASH_CONFIG_KEYS | set(NEUTRAL)))}); "
+            f"is not a DFlash switch portable-spec knows ({', '.join(sorted(known))}); "
             "this checkpoint cannot be imported",
         )
     _check_neutral(dflash, source, "dflash_config.", read)
@@ -357,6 +382,8 @@ def _hf_dflash(data: dict, source: str) -> tuple[dict, dict, dict | None]:
                     "must be a whole number: z-lab's DFlash2DraftModel reads it with no default",
                 )
             variant[key] = value
+    if domino:
+        variant = _specforge_domino(dflash, source)
     layer_ids = dflash.get("target_layer_ids", data.get("target_layer_ids"))
     if layer_ids is None:
         raise SpecError(f"{source}: dflash_config.target_layer_ids is missing; an upstream DFlash checkpoint sets it")

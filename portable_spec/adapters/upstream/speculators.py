@@ -122,8 +122,8 @@ def export_speculators(drafter_dir: Path, out: Path, target_dir: Path | None = N
     config, weights = load_drafter_files(drafter_dir)
     if config.kind not in ARCHITECTURES:
         raise SpecError(
-            f"{drafter_dir}: variant={config.kind} cannot be expressed in the speculators format (its DFlash, DFlash2 "
-            "and DSpark have no shift-mix and a bidirectional block); serve it through portable-spec's vLLM plugin "
+            f"{drafter_dir}: variant={config.kind} cannot be expressed in the speculators format (it has DFlash, "
+            "DFlash2 and DSpark layouts: no shift-mix, no Domino head); serve it through portable-spec's vLLM plugin "
             f'instead: speculative_config={{"method": "dflash", "model": "{drafter_dir}"}}'
         )
     if target_dir is None:

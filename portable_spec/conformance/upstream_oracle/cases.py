@@ -25,6 +25,9 @@ YARN = {"factor": 4.0, "original_max_position_embeddings": 512}  # YaRN blends e
 # z-lab DFlash2's own switches (dflash_config), small enough for the fixture target (256 wide, vocabulary 512)
 DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 8}
 DFLASH2_WIDE = {"conv_kernel_size": 3, "conv_group_size": 32, "selector_rank": 16, "selector_top_k": 16}
+# SpecForge Domino's own switches (dflash_config), small for the fixture target
+DOMINO = {"emb_dim": 64, "gru_hidden_dim": 32}
+DOMINO_PREFIX = {"emb_dim": 48, "gru_hidden_dim": 16, "pure_draft_prefix_len": 2}
 # speculators DSpark's own switches (from_training_args keywords): each Markov head, from the anchor or not
 DSPARK = {"markov_rank": 32, "markov_head_type": "vanilla"}
 DSPARK_GATED = {"markov_rank": 16, "markov_head_type": "gated", "sample_from_anchor": False}
@@ -44,6 +47,7 @@ class UpstreamCase:
     decode: bool = False  # z-lab only: its dflash_generate on the trained fixture drafter's weights
     dflash2: dict | None = None  # a DFlash2DraftModel (z-lab, speculators) with these switches (seeded convs, selector)
     dspark: dict | None = None  # speculators only: a DSparkDraftModel with these switches (seeded heads)
+    domino: dict | None = None  # specforge only: a DominoDraftModel with these switches (seeded GRU and projection)
     import_options: dict = field(default_factory=dict)
     about: str = ""
 
@@ -54,7 +58,7 @@ class UpstreamCase:
     @property
     def kind(self) -> str:
         """The portable kind the case imports as."""
-        return "dflash2" if self.dflash2 else "dspark" if self.dspark else "parallel"
+        return "dflash2" if self.dflash2 else "dspark" if self.dspark else "domino" if self.domino else "parallel"
 
     @property
     def sliding_window(self) -> int | None:
@@ -81,6 +85,7 @@ class UpstreamCase:
             "decode": {"max_new_tokens": 48} if self.decode else None,
             "dflash2": self.dflash2,
             "dspark": self.dspark,
+            "domino": self.domino,
         }
 
 
@@ -120,6 +125,9 @@ def _cases() -> list[UpstreamCase]:
         UpstreamCase(forge, "mixed", 8, MIXED, about="its trainer: causal + per-slot window where sliding"),
         UpstreamCase(forge, "sliding", 8, ALL_SLIDING),
         UpstreamCase(forge, "yarn", 8, yarn=True),
+        UpstreamCase(forge, "domino_b8", 8, domino=DOMINO, about="its DominoDraftModel: GRU correction head"),
+        UpstreamCase(forge, "domino_prefix", 8, MIXED, domino=DOMINO_PREFIX, about="Domino, 2 uncorrected slots"),
+        UpstreamCase(forge, "domino_b4", 4, domino=DOMINO, about="Domino at block 4"),
     ]
 
 

@@ -105,8 +105,8 @@ def _block_check(ctx: CheckContext, case: UpstreamCase) -> None:
     answer = _answer(ctx, case)
     drafter = _imported(ctx, case, answer)
     inputs = _inputs(ctx)
-    if case.dspark:
-        _dspark_check(ctx, case, answer, drafter, inputs)
+    if case.dspark or case.domino:
+        _sequential_check(ctx, case, answer, drafter, inputs)
         return
     expected = answer.logits[0, 1:].float()
     try:
@@ -148,10 +148,10 @@ def _drafts_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, d
         raise CheckFailed(f"{case.id}: drafts {drafts.tolist()}, {case.package}'s own {answer.drafts.tolist()}")
 
 
-def _dspark_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, drafter, inputs) -> None:
-    """A DSpark (the reference only: no other backend runs the kind): the import's teacher-forced draft logits
-    (Markov bias given the prompt's own tokens) and confidence logits per draft slot against speculators' own heads,
-    then its greedy chain against theirs."""
+def _sequential_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, drafter, inputs) -> None:
+    """A DSpark or Domino (the reference only: no other backend runs the kinds): the import's teacher-forced draft
+    logits (the Markov bias or the GRU correction given the prompt's own tokens) per draft slot, and a DSpark's
+    confidence logits, against the upstream's own heads; then its greedy chain against theirs."""
     loaded, context, positions = _loaded(ctx, drafter, inputs)
     k = case.block_size
     block = torch.tensor([[[inputs.anchor] + [loaded.config.mask_token_id] * (k - 1)]])
@@ -161,9 +161,13 @@ def _dspark_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, d
     with torch.no_grad():
         hidden = loaded.block_hidden(block, (CONTEXT + torch.arange(k))[None, None], context, valid, positions)
         logits = loaded.to_full_vocab(loaded.teacher_forced_logits(hidden, true_tokens))[0, 0]
-        previous = true_tokens if loaded.config.drafts_from_anchor else true_tokens[..., :-1]  # each slot's
-        confidence = loaded.confidence_logits(hidden[..., slots, :], previous)[0, 0]
+        if answer.confidence is not None:
+            previous = true_tokens if loaded.config.drafts_from_anchor else true_tokens[..., :-1]  # each slot's
+            confidence = loaded.confidence_logits(hidden[..., slots, :], previous)[0, 0]
     compare_slots(case.id, logits.float(), answer.logits[0, slots].float())
+    if answer.confidence is None:
+        _drafts_check(ctx, case, answer, drafter, inputs)
+        return
     expected = answer.confidence[0, slots].float()
     worst = float((confidence.float() - expected).abs().max())
     if worst > TOLERANCE * (1 + float(expected.abs().max())):
@@ -215,6 +219,7 @@ def upstream_checks() -> list[Check]:
         decode = "; z-lab's dflash_generate: same tokens and tokens per round" if case.decode else ""
         decode += "; the same selector drafts as its propose" if case.dflash2 else ""
         decode += "; Markov-biased logits and confidence teacher-forced, the same greedy chain" if case.dspark else ""
+        decode += "; GRU-corrected logits teacher-forced, the same drafts as its own sampler" if case.domino else ""
         checks.append(
             Check(
                 case.id,

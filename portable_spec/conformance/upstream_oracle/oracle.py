@@ -141,7 +141,7 @@ def run_package(package: str, inputs: OracleInputs, root: Path) -> dict[str, Ora
         out = root / package / case.name
         out.mkdir(parents=True, exist_ok=True)
         tensors = {"features": inputs.features, "block_ids": block_ids(case, inputs)}
-        if case.dspark:
+        if case.dspark or case.domino:
             tensors["true_tokens"] = inputs.true_tokens(case.block_size)
         if case.decode:
             tensors["prompt_ids"] = torch.tensor([inputs.prompt])

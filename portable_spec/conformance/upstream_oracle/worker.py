@@ -299,16 +299,20 @@ def greedy_selector_chain(selector, hidden, logits, anchor) -> torch.Tensor:
 def run_specforge(case: dict, target, inputs: dict, out: Path) -> dict:
     from specforge.algorithms.common.dflash_family_model import OnlineDFlashModel
     from specforge.modeling.draft.dflash import DFlashDraftModel
+    from specforge.modeling.draft.domino import DominoDraftModel
 
+    domino = case.get("domino")
     config = layer_config(case, target.config)
-    config.architectures = ["DFlashDraftModel"]
+    config.architectures = ["DominoDraftModel" if domino else "DFlashDraftModel"]
     config.block_size = case["block_size"]
     config.num_target_layers = target.config.num_hidden_layers
     config.dflash_config = {"target_layer_ids": case["target_layer_ids"], "mask_token_id": case["mask_token_id"]}
+    if domino:
+        config.dflash_config.update(projector_type="domino", **domino)
     config._attn_implementation = "sdpa"
     torch.manual_seed(case["seed"])
-    model = DFlashDraftModel(config).float().eval()
-    load_or_seed(model, case, skip=())
+    model = (DominoDraftModel if domino else DFlashDraftModel)(config).float().eval()
+    load_or_seed(model, case, skip=(), own=DOMINO_OWN if domino else ())
     model.save_pretrained(out / "checkpoint")
     trainer = OnlineDFlashModel(
         model,
@@ -332,9 +336,17 @@ def run_specforge(case: dict, target, inputs: dict, out: Path) -> dict:
         logits = target.lm_head(hidden)
     if anchors.tolist() != [[length]]:
         raise RuntimeError(f"SpecForge drew anchors {anchors.tolist()}, expected [[{length}]]")
-    return {"logits": logits.float()}, {
-        "forward": "specforge OnlineDFlashModel._forward_draft_blocks (its trainer's create_dflash_sdpa_mask)"
-    }
+    info = {"forward": "specforge OnlineDFlashModel._forward_draft_blocks (its trainer's create_dflash_sdpa_mask)"}
+    if not domino:
+        return {"logits": logits.float()}, info
+    with torch.no_grad():  # its own head, teacher-forced on the true block, and its own block sampler (greedy)
+        embeddings = target.get_input_embeddings()(inputs["true_tokens"][:, : block.shape[1]])
+        final = model.apply_logits_head(logits[:, None], prev_token_embeddings=embeddings[:, None],
+                                        hidden_states=hidden[:, None])[:, 0]  # fmt: skip
+        drafts = model._sample_draft_tokens(target, hidden, block.clone())
+    info["forward"] += "; its DominoDraftModel.apply_logits_head on the true block"
+    info["drafts"] = "specforge DominoDraftModel._sample_draft_tokens (greedy)"
+    return {"logits": final.float(), "drafts": drafts}, info
 
 
 RUNNERS = {"dflash": run_dflash, "speculators": run_speculators, "specforge": run_specforge}
@@ -342,6 +354,7 @@ RUNNERS = {"dflash": run_dflash, "speculators": run_speculators, "specforge": ru
 
 DFLASH2_OWN = ("_conv.", "candidate_selector.")  # DFlash2's own tensors: seeded, never in the given weights
 DSPARK_OWN = ("markov_head.", "confidence_head.")  # DSpark's
+DOMINO_OWN = ("prefix_gru.", "embed_proj.")  # Domino's
 
 
 def load_or_seed(model: torch.nn.Module, case: dict, skip: tuple[str, ...], own: tuple[str, ...] = ()) -> None:
@@ -358,6 +371,8 @@ def load_or_seed(model: torch.nn.Module, case: dict, skip: tuple[str, ...], own:
         seeded_dflash2(model, case["seed"])
     elif own == DSPARK_OWN:
         seeded_dspark(model, case["seed"])
+    elif own == DOMINO_OWN:
+        seeded_domino(model, case["seed"])
 
 
 def seeded_dflash2(model: torch.nn.Module, seed: int) -> None:
@@ -391,6 +406,16 @@ def seeded_dspark(model: torch.nn.Module, seed: int) -> None:
                 parameter.copy_(4 * noise / parameter.shape[-1] ** 0.5)
             else:
                 parameter.copy_(noise / parameter.shape[-1] ** 0.5 if parameter.dim() == 2 else 0.1 * noise)
+
+
+def seeded_domino(model: torch.nn.Module, seed: int) -> None:
+    """A Domino's correction about as large as the trained drafter's logit spread (so it changes picks)."""
+    generator = torch.Generator().manual_seed(seed + 3)
+    with torch.no_grad():
+        for name, parameter in sorted(model.named_parameters()):
+            if name.startswith(DOMINO_OWN):
+                scale = 6.0 if name == "embed_proj.2.weight" else 1.0
+                parameter.copy_(scale * torch.randn(parameter.shape, generator=generator) / parameter.shape[-1] ** 0.5)
 
 
 def main(request_path: str) -> None:
