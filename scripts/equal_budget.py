@@ -1,16 +1,21 @@
 """The equal-budget comparison of the single-pass kinds on SmolLM2 (issue 45): parallel (DFlash), depth_causal (ours),
-dflash2 (z-lab) and dspark (speculators), each trained from scratch on the same data, at the same depth and MLP
-width, for the same number of steps (the same batches, in the same order), at blocks 4 and 8; held-out acceptance
-(tau and per slot) from each run's own held-out evaluation at the end, the seconds each run trained and the
-drafter's cost per pass measured here, written as one markdown table.
+dflash2 (z-lab), dspark (speculators) and depthwise (a dflash2 trained with --depthwise-shift-mix: depth_causal's
+shift-mix made depthwise, item 6), each trained from scratch (the same initialisation rule) on the same data,
+at the same depth and MLP width, for the same seconds of training (`--time-budget`: a cheaper kind takes more steps
+of the same batch sequence; the learning-rate schedule follows elapsed time), at blocks 4 and 8; held-out acceptance
+(tau and per slot) from each run's own held-out evaluation at the end, the steps each run took and the drafter's
+cost per pass measured here, written as one markdown table.
 
-    python scripts/equal_budget.py --work-dir runs/equal --steps 150 --out docs/benchmarks/equal_budget_smollm2.md
+    python scripts/equal_budget.py --work-dir runs/equal --seconds 900 --out table.md
 
-Equal steps rather than equal seconds: on a shared 2-core machine a time budget measures the neighbours' load as
-much as the kind; the table gives each run's training seconds beside its steps, and the cost per pass alone.
+Seconds are wall-clock seconds of the training loop alone (held-out evaluations are outside it): two runs share the
+2 cores, one thread each, so anything else running on the machine takes time from both; keep it quiet.
 
 The data stage runs once, first (`portable-spec train ... --until features`, replies from vLLM when it is
-importable); then two runs at a time, one thread each (OMP_NUM_THREADS=1). Every kind scores the full vocabulary (DFlash2 requires it, so all do). Runs resume from their work dir.
+importable); then two runs at a time, one thread each (OMP_NUM_THREADS=1). Every kind scores the full vocabulary
+(DFlash2 requires it, so all do). Runs resume from their work dir. The decode speedups are `portable-spec bench
+decode --drafter NAME=DIR ...` on the drafters written here; docs/benchmarks/equal_budget/equal_budget.md has both
+and what limits them.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from pathlib import Path
 
 from portable_spec.training.work_dir import WorkDir
 
-KINDS = ("parallel", "depth_causal", "dflash2", "dspark")
+KINDS = ("parallel", "depth_causal", "dflash2", "dspark", "depthwise")
+# a row's training flags: its kind, or for "depthwise" (issue 45 item 6) a dflash2 with its dynamic kernel
+# projections and selector held at zero, i.e. depth_causal's shift-mix made depthwise (train --depthwise-shift-mix)
+ROW_FLAGS = {kind: ["--kind", kind] for kind in KINDS} | {"depthwise": ["--kind", "dflash2", "--depthwise-shift-mix"]}
 BLOCKS = (4, 8)
 DATA = ["--target", "smollm2", "--num-prompts", "384", "--max-new-tokens", "256", "--heldout-eval-prompts", "32"]
 SHAPE = ["--num-hidden-layers", "2", "--target-layer-ids", "1", "14", "27", "--intermediate-size", "1536",
@@ -38,16 +46,30 @@ def name(kind: str, block: int) -> str:
     return f"{kind}-b{block}"
 
 
-def command(work: Path, kind: str, block: int, steps: int, until: str | None = None) -> list[str]:
+def command(work: Path, kind: str, block: int, seconds: float, until: str | None = None) -> list[str]:
     out = work / "drafters" / name(kind, block)
-    flags = ["--kind", kind, "--block-size", str(block), "--eval-blocks", str(block), "--steps", str(steps),
-             "--eval-every", "1000000"]  # fmt: skip
+    flags = [*ROW_FLAGS[kind], "--block-size", str(block), "--eval-blocks", str(block), "--steps", "1000000",
+             "--time-budget", str(seconds), "--eval-every", "1000000"]  # fmt: skip
     tail = ["--until", until] if until else []
-    return ["portable-spec", "train", *DATA, *SHAPE, *LOOP, *flags, "--work-dir", str(work), "--out", str(out), *tail]
+    return [
+        sys.executable,
+        "-m",
+        "portable_spec.cli",
+        "train",
+        *DATA,
+        *SHAPE,
+        *LOOP,
+        *flags,
+        "--work-dir",
+        str(work),
+        "--out",
+        str(out),
+        *tail,
+    ]
 
 
-def run_all(work: Path, steps: int, kinds, blocks, parallel: int) -> None:
-    first = command(work, kinds[0], blocks[0], steps, until="features")
+def run_all(work: Path, seconds: float, kinds, blocks, parallel: int) -> None:
+    first = command(work, kinds[0], blocks[0], seconds, until="features")
     subprocess.run(first, check=True)
     pending = [(kind, block) for block in blocks for kind in kinds]
     running: list[tuple[subprocess.Popen, str]] = []
@@ -58,7 +80,7 @@ def run_all(work: Path, steps: int, kinds, blocks, parallel: int) -> None:
             log = open(work / f"{name(kind, block)}.log", "a")
             running.append(
                 (
-                    subprocess.Popen(command(work, kind, block, steps), stdout=log, stderr=log, env=env),
+                    subprocess.Popen(command(work, kind, block, seconds), stdout=log, stderr=log, env=env),
                     name(kind, block),
                 )
             )
@@ -118,7 +140,7 @@ def drafter_cost(work: Path, label: str, repeats: int = 20) -> tuple[float, int]
     return times[len(times) // 2], params
 
 
-def table(work: Path, kinds, blocks, steps: int) -> str:
+def table(work: Path, kinds, blocks, seconds: float) -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "unknown CPU")  # fmt: skip
     rows = ["| block | kind | steps | training s | loss (last 10) | held-out tau | acceptance per slot | drafter "
@@ -131,22 +153,23 @@ def table(work: Path, kinds, blocks, steps: int) -> str:
             if found is None:
                 rows.append(f"| {block} | {kind} | {step} | {seconds_trained:.0f} | {loss} | (no evaluation) | | | |")
                 continue
-            seconds, params = drafter_cost(work, label)
+            per_pass, params = drafter_cost(work, label)
             tau = found["tau"][str(block)] if isinstance(found.get("tau"), dict) else found.get("tau")
-            per_slot = found.get("acceptance_by_position", {}).get(str(block), "")
+            rates = found.get("acceptance_by_position", {}).get(str(block), [])
+            per_slot = " / ".join("-" if rate is None else f"{rate:.2f}" for rate in rates)
             rows.append(
                 f"| {block} | {kind} | {step} | {seconds_trained:.0f} | {loss:.3f} | {tau} | {per_slot} | {params / 1e6:.1f}M | "
-                f"{1000 * seconds:.1f} |"
+                f"{1000 * per_pass:.1f} |"
             )
-    head = (f"Equal budget: {steps} steps of training per run (the same batches), two runs at a time, one thread "
-            f"each, on {cpu}; `python scripts/equal_budget.py --steps {steps}`.")  # fmt: skip
+    head = (f"Equal budget: {seconds:g} s of training per run (the same batch sequence), two runs at a time, one "
+            f"thread each, on {cpu}; `python scripts/equal_budget.py --seconds {seconds:g}`.")  # fmt: skip
     return head + "\n\n" + "\n".join(rows) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work-dir", type=Path, required=True)
-    parser.add_argument("--steps", type=int, default=150, help="Training steps per run.")
+    parser.add_argument("--seconds", type=float, default=900, help="Seconds of training per run.")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS))
     parser.add_argument("--blocks", nargs="+", type=int, default=list(BLOCKS))
     parser.add_argument("--parallel", type=int, default=2, help="Runs at once, one thread each.")
@@ -154,8 +177,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="Markdown file for the table (default: stdout).")
     args = parser.parse_args()
     if not args.table_only:
-        run_all(args.work_dir, args.steps, args.kinds, args.blocks, args.parallel)
-    text = table(args.work_dir, args.kinds, args.blocks, args.steps)
+        run_all(args.work_dir, args.seconds, args.kinds, args.blocks, args.parallel)
+    text = table(args.work_dir, args.kinds, args.blocks, args.seconds)
     if args.out is None:
         sys.stdout.write(text)
     else:

@@ -507,6 +507,11 @@ CASES = [
         expect=r"--selector-rank 8: only a dflash2 drafter has it",
     ),
     Case(
+        "train --kind parallel --depthwise-shift-mix",
+        TRAIN + ("--depthwise-shift-mix",),
+        expect=r"--depthwise-shift-mix with --kind parallel: only a dflash2 drafter has it",
+    ),
+    Case(
         "train --kind dflash2 --draft-vocab-size 64",
         TRAIN[:4] + ("dflash2",) + TRAIN[5:] + ("--draft-vocab-size", "64"),
         expect=r"--draft-vocab-size 64: a dflash2 drafter scores the full vocabulary",

@@ -191,3 +191,42 @@ def test_train_kind_dflash2_on_the_fixture(tmp_path):
     assert SpeculativeDecoder(target, drafter).generate(prompts, config).tokens == (
         SpeculativeDecoder(target).generate(prompts, config).tokens
     )
+
+
+def test_depthwise_shift_mix_trains_the_static_taps_alone_and_passes_the_argmax_through(tmp_path):
+    """`train --kind dflash2 --depthwise-shift-mix` (issue 45 item 6): the checkpoint's kernel projections and
+    selector are exactly zero, its base taps moved away from the identity they start at, and its drafts are the
+    plain argmax of its logits (the pass-through selector), so it is depth_causal's shift-mix made depthwise, in
+    a file any DFlash2 reader takes."""
+    import json
+
+    from portable_spec.cli.main import main
+    from portable_spec.core import fixtures
+    from portable_spec.core.target import TargetModel
+
+    data = tmp_path / "share.json"
+    conversations = [
+        {"id": f"c{i}", "conversations": [{"from": "human", "value": f"note {i} on files"}]} for i in range(40)
+    ]
+    data.write_text(json.dumps(conversations))
+    work, out = tmp_path / "work", tmp_path / "work" / "drafters" / "depthwise"
+    argv = ["train", "--target", "fixture", "--kind", "dflash2", "--depthwise-shift-mix", "--num-prompts", "8",
+            "--max-new-tokens", "12", "--block-size", "4", "--num-hidden-layers", "1", "--seq-len", "32",
+            "--batch-size", "4", "--anchors-per-seq", "4", "--heldout-eval-prompts", "0", "--reply-batch-size", "8",
+            "--warmup-steps", "0", "--generator", "hf", "--steps", "6", "--lr", "3e-3", "--selector-rank", "16",
+            "--selector-top-k", "8", "--data", str(data), "--work-dir", str(work), "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    target = TargetModel.load(fixtures.target_dir())
+    drafter = target.load_drafter(out)
+    assert drafter.config.kind == "dflash2"
+    for layer in drafter.layers:
+        for conv in (layer.attention_conv, layer.mlp_conv):
+            assert not conv.kernel_projection.weight.any()
+            assert not torch.equal(conv.base_kernel[:, 1], torch.zeros_like(conv.base_kernel[:, 1]))  # trained
+    assert all(not param.any() for param in drafter.candidate_selector.parameters())
+    hidden = torch.randn(5, 4, drafter.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    anchors = torch.randint(0, drafter.config.vocab_size, (5,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        drafts = drafter.head_drafts(hidden, anchors, 3)[0]
+        plain = drafter.scored_logits(hidden[:, drafter.draft_slots(3)]).argmax(dim=-1)
+    assert torch.equal(drafts, plain)

@@ -96,7 +96,13 @@ class Drafter(nn.Module):
 
     def scored_logits(self, h: torch.Tensor) -> torch.Tensor:
         """[..., H] final hidden -> [..., config.scored_vocab_size]: the drafter's own head, or the target's LM head
-        restricted to the draft vocabulary's rows when there is one (the slice is cached; the target is frozen)."""
+        restricted to the draft vocabulary's rows when there is one (the slice is cached; the target is frozen).
+
+        `h` is made contiguous first: callers pass the draft slots' slice of a block's states, and torch 2.13's CPU
+        linear on a non-contiguous [..., H] input is ~5x slower than the copy plus a contiguous GEMM (measured on
+        AMD EPYC, one thread: 2.1 s against 0.38 s for 64 x 3 slots x the 49,152-row SmolLM2 head; the held-out
+        evaluation and every training step score such slices)."""
+        h = h.contiguous()
         if self.config.own_embeddings:
             return self.lm_head(h)
         if self.config.draft_vocab_size is None:

@@ -48,6 +48,8 @@ KIND_FIELDS = {
     "domino": ("emb_dim", "gru_hidden_dim", "pure_draft_prefix_len"),
 }
 
+VARIANT = TypeAdapter(Variant)  # built once: DrafterShape.label_span reads a variant from the shape's fields
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -142,16 +144,15 @@ class DrafterShape(Section):
     confidence_head_with_markov: bool | None = Field(
         None, description="dspark: the confidence head reads the previous token's Markov embedding (true)."
     )
+    emb_dim: int | None = Field(None, ge=1, description="domino: width of the correction MLP (512).")
+    gru_hidden_dim: int | None = Field(None, ge=1, description="domino: GRU state width (256).")
+    pure_draft_prefix_len: int | None = Field(None, ge=0, description="domino: draft slots left uncorrected (0).")
 
     @property
     def label_span(self) -> int:
         """DrafterConfig.label_span of the drafter this shape makes, known before any model loads."""
-        variant = TypeAdapter(Variant).validate_python({"kind": self.kind, **self.variant_options()})
+        variant = VARIANT.validate_python({"kind": self.kind, **self.variant_options()})
         return max_draft_tokens(variant, self.block_size) + 1
-
-    emb_dim: int | None = Field(None, ge=1, description="domino: width of the correction MLP (512).")
-    gru_hidden_dim: int | None = Field(None, ge=1, description="domino: GRU state width (256).")
-    pure_draft_prefix_len: int | None = Field(None, ge=0, description="domino: draft slots left uncorrected (0).")
 
     def variant_options(self) -> dict:
         """The kind's own fields given (the rest take its variant class's defaults: speculators 0.9.0's)."""
@@ -203,6 +204,12 @@ class TrainConfig(Section):
     )
     precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="auto: bf16 autocast on CUDA (fp32 master weights), fp32 elsewhere."
+    )
+    depthwise_shift_mix: bool = Field(
+        False,
+        description="dflash2 only: its convolutions' dynamic kernel projections and its selector held at zero "
+        "(frozen; no selector loss), so the convolutions are static depthwise 2-tap mixes and the selector passes "
+        "the argmax through: a depthwise shift-mix, in a checkpoint DFlash2 engines serve.",
     )
     drafter_parallel: DrafterLayout = Field(
         "ddp", description="With several ranks: the drafter whole on each (ddp) or sharded over them (fsdp, FSDP2)."
@@ -263,6 +270,15 @@ class TrainRun(Section):
     drafter: DrafterShape = Field(description="The drafter trained.")
     train: TrainConfig = Field(default_factory=TrainConfig, description="The training loop.")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out acceptance while training.")
+
+    @model_validator(mode="after")
+    def _depthwise_kind(self) -> TrainRun:
+        if self.train.depthwise_shift_mix and self.drafter.kind != "dflash2":
+            raise ValueError(
+                f"--depthwise-shift-mix with --kind {self.drafter.kind}: only a dflash2 drafter has it (its "
+                "convolutions and selector are what it holds at zero); pass --kind dflash2 or drop it"
+            )
+        return self
 
     @classmethod
     def sections(cls) -> dict[str, type[Section]]:

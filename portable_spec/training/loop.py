@@ -22,7 +22,7 @@ from portable_spec.training import parallel
 from portable_spec.training.config import TrainConfig
 from portable_spec.training.loss import DrafterLoss
 from portable_spec.training.parallel import SINGLE, Ranks, ShardedDrafter
-from portable_spec.training.state import initial_drafter, load_state, save_state, warm_start
+from portable_spec.training.state import hold_depthwise, initial_drafter, load_state, save_state, warm_start
 
 
 def _lr_at(step: int, config: TrainConfig, elapsed: float) -> float:
@@ -92,8 +92,11 @@ def train_loop(
         else:
             drafter = initial_drafter(target, drafter_config, config.seed, draft_vocab)
         start, elapsed = 0, 0.0
+    if config.depthwise_shift_mix:
+        hold_depthwise(drafter)
     drafter.train()
-    trainee = ShardedDrafter(drafter, DrafterLoss(drafter, config.loss_gamma), ranks, device, config.drafter_parallel)
+    loss = DrafterLoss(drafter, config.loss_gamma, selector=not config.depthwise_shift_mix)
+    trainee = ShardedDrafter(drafter, loss, ranks, device, config.drafter_parallel)
     optimizer = torch.optim.AdamW(trainee.params, lr=config.lr, weight_decay=0.0)
     if optimizer_state is not None:
         trainee.load_optimizer_state(optimizer, optimizer_state)

@@ -59,9 +59,17 @@ def block_predictions(
     return drafter.teacher_forced_logits(hidden, true_tokens), true_tokens
 
 
-def drafter_loss(drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor, gamma: float):
+def drafter_loss(
+    drafter: Drafter,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    anchors: torch.Tensor,
+    gamma: float,
+    selector: bool = True,
+):
     """features [B, T, F] of tokens [B, T], anchors [B, A] (each <= T - label_span) -> weighted cross-entropy over
-    draft offsets. With a reduced draft vocabulary, tokens outside it carry no loss (they can never be drafted)."""
+    draft offsets. With a reduced draft vocabulary, tokens outside it carry no loss (they can never be drafted).
+    A dflash2's selector loss is added unless `selector` is false (--depthwise-shift-mix holds the selector)."""
     batch, num_anchors, n = tokens.shape[0], anchors.shape[1], drafter.config.max_draft_tokens
     hidden, true_tokens = teacher_forced_blocks(drafter, features, tokens, anchors)
     predicted = drafter.teacher_forced_logits(hidden, true_tokens)  # [B, A, n, V_draft]
@@ -71,7 +79,7 @@ def drafter_loss(drafter: Drafter, features: torch.Tensor, tokens: torch.Tensor,
     losses = F.cross_entropy(predicted.flatten(0, 2), labels.flatten(), reduction="none", ignore_index=-100)
     weights = torch.exp(-torch.arange(n, dtype=torch.float32, device=tokens.device) / gamma)
     draft_hidden = hidden[..., drafter.draft_slots(n), :]
-    if drafter.behaviour.candidate_selector:
+    if drafter.behaviour.candidate_selector and selector:
         losses = losses + SELECTOR_LOSS_ALPHA * selector_losses(drafter, draft_hidden, predicted, true_tokens).flatten()
     if hasattr(drafter, "confidence_head"):
         losses = losses + CONFIDENCE_LOSS_ALPHA * confidence_losses(
@@ -133,9 +141,9 @@ def target_to_draft(drafter: Drafter, target_ids: torch.Tensor) -> torch.Tensor:
 class DrafterLoss(torch.nn.Module):
     """The drafter's training loss as a module's forward, which DistributedDataParallel needs to sync gradients."""
 
-    def __init__(self, drafter: Drafter, gamma: float) -> None:
+    def __init__(self, drafter: Drafter, gamma: float, selector: bool = True) -> None:
         super().__init__()
-        self.drafter, self.gamma = drafter, gamma
+        self.drafter, self.gamma, self.selector = drafter, gamma, selector
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
-        return drafter_loss(self.drafter, features, tokens, anchors, self.gamma)
+        return drafter_loss(self.drafter, features, tokens, anchors, self.gamma, self.selector)

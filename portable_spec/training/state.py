@@ -88,6 +88,23 @@ def initial_drafter(
     return drafter.to(target.device)
 
 
+def hold_depthwise(drafter: Drafter) -> Drafter:
+    """--depthwise-shift-mix (issue 45 item 6): zero and freeze a dflash2's dynamic kernel projections and its
+    selector. Each GroupedDynamicCausalConv then mixes slot i with slot i - 1 by its base taps alone, channel by
+    channel (a depthwise version of depth_causal's dense shift-mix), and with zero codebooks and projection the
+    selector's transition scores are 0, so it picks each slot's argmax: the checkpoint stays a plain dflash2 that
+    speculators, vLLM, SGLang and llama.cpp read. Applied on every start (fresh, warm or resumed)."""
+    held = [
+        conv.kernel_projection.weight for layer in drafter.layers for conv in (layer.attention_conv, layer.mlp_conv)
+    ]
+    held += list(drafter.candidate_selector.parameters())
+    with torch.no_grad():
+        for param in held:
+            param.zero_()
+            param.requires_grad_(False)
+    return drafter
+
+
 def warm_start(target: TargetModel, drafter_config: DrafterConfig, init_from: Path) -> Drafter:
     """The drafter at `init_from` (its weights and draft vocabulary) on the target's device, after checking it is
     the drafter this run would train: bound to this target, the same config field for field."""
