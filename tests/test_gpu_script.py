@@ -50,8 +50,10 @@ def test_gpu_session_dry_run_executes_every_stage(tmp_path):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=2400,  # the tiny profile's limits leave room for a neighbour (pytest -n 2): stages here only prove
-    )  # they run; timings are the device run's business
+        # the tiny profile's limits leave room for a neighbour (pytest -n 2): the stages here only prove they run;
+        # timings are the device run's business
+        timeout=2400,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout[done.stdout.index("{\n") :])
     assert report["runs"] >= 2 and all(sent <= 64 * MiB for sent in report["sent"])
