@@ -293,6 +293,16 @@ CASES = [
     Case("check DRAFTER_WITH_FLOAT64_WEIGHTS", ("check", "{f64_drafter}"), expect=r"unexpected dtypes .*float64"),
     Case("check MISSING_DIR", ("check", "{missing}"), expect=r"missing: not found"),
     Case(
+        "check DRAFTER whose config.json carries another kind's engine key",
+        ("check", "{engine_key_drafter}"),
+        expect=r"sample_from_anchor = True means nothing for variant parallel",
+    ),
+    Case(
+        "export gguf DFLASH2 whose selector lattice is wider than llama.cpp's row",
+        ("export", "gguf", "{dflash2}", "{out}", "--target", "{target}", "--target-gguf", "{missing}"),
+        expect=r"selector_top_k=16 needs hidden_size >= 272 in llama\.cpp .* lower variant\.selector_top_k",
+    ),
+    Case(
         "check --target T DRAFTER_WITH_D2T_OUTSIDE_THE_VOCABULARY",
         ("check", "{bad_d2t_drafter}", "--target", "{target}"),
         expect=r"d2t: needs 64 distinct ids in \[0, 2048\), got 64 ids .* to 1000063",
@@ -739,8 +749,13 @@ def built(tmp_path_factory) -> dict[str, Path]:
         "target": _copy_drafter(target, root / "target"),
         "dc": _copy_drafter(dc, root / "dc"),
         "par": _copy_drafter(par, root / "par"),
+        "dflash2": _copy_drafter(fixtures.drafter_dir("dflash2"), root / "dflash2"),
         "missing": root / "missing",
     }
+    broken = _copy_drafter(par, root / "engine_key_drafter")
+    config = json.loads((broken / "config.json").read_text())
+    (broken / "config.json").write_text(json.dumps({**config, "sample_from_anchor": True}))
+    paths["engine_key_drafter"] = broken
     (root / "file.txt").write_text("not a model\n")
     words = "def class return import value list dict print for while".split()
     conversations = [

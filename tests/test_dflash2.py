@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder
 from portable_spec.core.drafter import Drafter
 from portable_spec.core.drafter_layers import GroupedDynamicCausalConv, grouped_causal_convolve
+from portable_spec.core.head_step import chain_drafts
 from portable_spec.core.spec import ParallelVariant, SpecError, parse_config
 from portable_spec.core.testing import tiny_drafter, tiny_target
 
@@ -84,7 +85,12 @@ def test_the_selector_picks_by_unary_plus_bigram_scores_slot_after_slot(target):
     generator = torch.Generator().manual_seed(1)
     hidden, logits = torch.randn(2, 5, 64, generator=generator), torch.randn(2, 5, 256, generator=generator)
     anchor = torch.tensor([7, 9])
-    drafts, probability, _ = selector.select(hidden, logits, anchor)
+    step = drafter.head_step()
+    assert step.slots.first == step.slots.first_draft == 1  # slot 0 holds the anchor: prepend it
+    block = lambda x: torch.cat((torch.zeros_like(x[:, :1]), x), dim=1)  # noqa: E731
+    drafts, probability, _ = chain_drafts(
+        step, step.slots, block(hidden), block(logits), anchor, 5, step.initial_state(hidden)
+    )
     for row in range(2):  # written out: every candidate's score, one slot at a time
         previous = int(anchor[row])
         for slot in range(5):

@@ -61,7 +61,7 @@ def test_the_correction_is_specforges_formula(target):
 def test_the_chain_drafts_what_teacher_forcing_on_its_own_drafts_scores_best(target, prefix):
     drafter = tiny_drafter(target, "domino", variant_options={**SMALL, "pure_draft_prefix_len": prefix})
     hidden = _block(drafter)
-    drafts, probability, _ = drafter.domino_drafts(hidden, torch.tensor([7]), 7)
+    drafts, probability, _ = drafter.head_drafts(hidden, torch.tensor([7]), 7)
     with torch.no_grad():
         forced = drafter.teacher_forced_logits(hidden, torch.cat((torch.tensor([[7]]), drafts), dim=1))
     assert forced.argmax(-1).tolist() == drafts.tolist()

@@ -76,7 +76,7 @@ def test_the_chain_drafts_what_teacher_forcing_on_its_own_drafts_scores_best(tar
     drafter = tiny_drafter(target, "dspark", variant_options={**SMALL, **options})
     hidden, _ = _block(drafter)
     n = drafter.config.max_draft_tokens
-    drafts, probability, _ = drafter.markov_drafts(hidden, torch.tensor([7]), n)
+    drafts, probability, _ = drafter.head_drafts(hidden, torch.tensor([7]), n)
     tokens = torch.cat((torch.tensor([[7]]), drafts), dim=1)  # the anchor, then the drafts: [1, n + 1]
     with torch.no_grad():
         forced = drafter.teacher_forced_logits(hidden, tokens)  # [1, n, V]
@@ -114,14 +114,14 @@ def test_the_confidence_head_sets_the_draft_probability(target):
     acceptance, sigmoid(proj [h ; W1[prev]]); without one, the softmax probability of the draft."""
     drafter = tiny_drafter(target, "dspark", variant_options=SMALL)
     hidden, _ = _block(drafter)
-    drafts, probability, _ = drafter.markov_drafts(hidden, torch.tensor([7]), 3)
+    drafts, probability, _ = drafter.head_drafts(hidden, torch.tensor([7]), 3)
     previous = torch.cat((torch.tensor([7]), drafts[0, :2]))
     features = torch.cat((hidden[0, :3], drafter.markov_head.markov_w1.weight[previous]), -1)
     expected = torch.sigmoid(features @ drafter.confidence_head.proj.weight[0] + drafter.confidence_head.proj.bias)
     torch.testing.assert_close(probability[0], expected.detach(), rtol=1e-5, atol=1e-6)
     without = tiny_drafter(target, "dspark", variant_options={**SMALL, "confidence_head": False})
     assert not hasattr(without, "confidence_head")
-    drafts, probability, _ = without.markov_drafts(hidden, torch.tensor([7]), 1)
+    drafts, probability, _ = without.head_drafts(hidden, torch.tensor([7]), 1)
     logits = (
         without.scored_logits(hidden[:, 0]) + without.markov_head.block_bias(torch.tensor([[7]]), hidden[:, :1])[:, 0]
     )
@@ -134,7 +134,7 @@ def test_a_reduced_draft_vocabulary_drafts_target_ids(target):
     drafter.set_draft_vocab(torch.arange(100, 140))
     assert drafter.markov_head.markov_w2.weight.shape == (40, 16)
     hidden, _ = _block(drafter)
-    drafts, _, _ = drafter.markov_drafts(hidden, torch.tensor([7]), 8)
+    drafts, _, _ = drafter.head_drafts(hidden, torch.tensor([7]), 8)
     assert all(100 <= token < 140 for token in drafts[0].tolist())
 
 

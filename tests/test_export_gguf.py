@@ -71,11 +71,78 @@ def test_draft_vocabulary_ships_d2t_and_its_head_rows(tmp_path):
 
 @pytest.mark.parametrize(
     "kind, needle",
-    [("depth_causal", "shift-mix"), ("autoregressive", "one drafter pass per round")],
+    [
+        ("depth_causal", "shift-mix"),
+        ("autoregressive", "one drafter pass per round"),
+        ("domino", "b11434 has no Domino head"),
+        ("dflash2", "selector_top_k=16 needs hidden_size >= 272 .* lower variant.selector_top_k"),
+    ],
 )
 def test_refuses_kinds_llamacpp_cannot_run(tmp_path, kind, needle):
     with pytest.raises(SpecError, match=needle):
         export_gguf(fixtures.drafter_dir(kind), tmp_path / "out", _target_gguf(tmp_path / "t.gguf"))
+    assert not (tmp_path / "out").exists()
+
+
+def _resaved(tmp_path, kind: str, **variant) -> object:
+    """The trained fixture drafter of `kind` saved again with `variant` fields changed (weights unchanged)."""
+    from portable_spec.core.target import TargetModel
+
+    drafter = TargetModel.load(fixtures.target_dir()).load_drafter(fixtures.drafter_dir(kind))
+    config = drafter.config
+    drafter.config = config.model_copy(update={"variant": config.variant.model_copy(update=variant)})
+    return drafter.save(tmp_path / f"{kind}-resaved")
+
+
+def test_dflash2_writes_its_convolutions_selector_and_switches(tmp_path):
+    """b11434's names (llama-arch.cpp LLM_TENSOR_DFLASH_*; equality with llama.cpp's own converter:
+    tests/engines/test_llamacpp.py): the four convolution tensors per layer, the selector's three, its four keys."""
+    drafter = _resaved(tmp_path, "dflash2", selector_top_k=8)  # 8 x 9 <= 256: the lattice fits a 256-wide row
+    out = export_gguf(drafter, tmp_path / "out", _target_gguf(tmp_path / "t.gguf"))
+    reader = GGUFReader(str(out / DRAFTER_FILE))
+    fields = {name: field.contents() for name, field in reader.fields.items()}
+    assert (fields["dflash.selector_top_k"], fields["dflash.selector_rank"]) == (8, 256)
+    assert (fields["dflash.conv_kernel_size"], fields["dflash.conv_group_size"]) == (2, 16)
+    weights = load_file(str(drafter / "model.safetensors"))
+    tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
+    pairs = {
+        "blk.0.attn_conv_base": "layers.0.attention_conv.base_kernel",
+        "blk.1.ffn_conv_proj.weight": "layers.1.mlp_conv.kernel_projection.weight",
+        "selector_predecessor.weight": "candidate_selector.predecessor_codebook",
+        "selector_hidden.weight": "candidate_selector.hidden_projection.weight",
+    }
+    for ours, portable in pairs.items():
+        assert np.array_equal(tensors[ours], weights[portable].float().numpy()), ours
+    assert json.loads((out / "portable_spec_gguf.json").read_text())["serve"].endswith("--spec-draft-n-max 15")
+
+
+def test_dspark_writes_its_markov_and_confidence_heads(tmp_path):
+    out = export_gguf(fixtures.drafter_dir("dspark"), tmp_path / "out", _target_gguf(tmp_path / "t.gguf"))
+    reader = GGUFReader(str(out / DRAFTER_FILE))
+    fields = {name: field.contents() for name, field in reader.fields.items()}
+    assert fields["dflash.sample_from_anchor"] is True and fields["dflash.has_confidence_head"] is True
+    tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
+    weights = load_file(str(fixtures.drafter_dir("dspark") / "model.safetensors"))
+    assert np.array_equal(tensors["markov_w1.weight"], weights["markov_head.markov_w1.weight"].float().numpy())
+    assert np.array_equal(tensors["conf_proj.bias"], weights["confidence_head.proj.bias"].float().numpy())
+    manifest = json.loads((out / "portable_spec_gguf.json").read_text())
+    assert "--spec-type draft-dspark --spec-draft-n-max 16" in manifest["serve"]  # the anchor's slot drafts too
+
+
+@pytest.mark.parametrize(
+    "variant, needle",
+    [
+        ({"markov_head_type": "gated"}, "markov_head_type=gated: llama.cpp b11434 runs the vanilla Markov head only"),
+        ({"confidence_head_with_markov": False}, "confidence_head_with_markov=false"),
+    ],
+)
+def test_refuses_dspark_heads_llamacpp_cannot_run(tmp_path, variant, needle):
+    from portable_spec.core.testing import tiny_drafter, tiny_target
+
+    target = tiny_target(seed=0)
+    tiny_drafter(target, "dspark", variant_options={"markov_rank": 8, **variant}).save(tmp_path / "drafter")
+    with pytest.raises(SpecError, match=needle):
+        export_gguf(tmp_path / "drafter", tmp_path / "out", _target_gguf(tmp_path / "t.gguf", 256, 64, 2))
     assert not (tmp_path / "out").exists()
 
 

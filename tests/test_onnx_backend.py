@@ -20,14 +20,16 @@ from portable_spec.core.backends import BACKENDS, ReferenceBackend, get_backend,
 from portable_spec.core.decode import GenerationConfig, SpeculativeDecoder  # noqa: E402
 from portable_spec.core.outputs import OUTPUT_MARKER  # noqa: E402
 from portable_spec.core.proposer import TorchProposer  # noqa: E402
-from portable_spec.core.spec import SpecError  # noqa: E402
+from portable_spec.core.spec import SpecError, read_config  # noqa: E402
 from portable_spec.core.target import TargetModel  # noqa: E402
 from portable_spec.core.testing import save_tiny_pair, tiny_target  # noqa: E402
+from portable_spec.core.variants import behaviour_of  # noqa: E402
 
 TOLERANCE = 1e-4
 BLOCK = 8  # tiny_drafter's block_size
 
-KINDS = OnnxBackend.kinds_supported  # dflash2's selector is not in the graph (refused: test below)
+KINDS = OnnxBackend.kinds_supported  # every kind: a sequential head's step is a graph of its own
+SEQUENTIAL = [kind for kind in KINDS if behaviour_of(kind).sequential_head]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -128,11 +130,11 @@ def test_backend_generate_and_on_the_fly_export(pairs):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_short_blocks(pairs, kind):
-    """Causal blocks shorter than k are exact (padding is never attended); parallel blocks must be k."""
+    """Causal blocks shorter than k are exact (padding is never attended); bidirectional blocks must be k."""
     target_dir, drafter_dir, graph_dir = pairs[kind]
     inputs = block_inputs(width=5)
     backend = OnnxBackend()
-    if kind == "parallel":
+    if not read_config(drafter_dir).block_causal:  # parallel, and the DFlash2 / DSpark / Domino defaults
         with pytest.raises(SpecError, match="block_size is 8"):
             backend.block_logits(target_dir, graph_dir, *inputs)
         return
@@ -234,10 +236,73 @@ def test_onnx_decoding_is_its_own_in_the_report():
     assert set(inherited_components(OnnxBackend())) == {"verify", "target_forward"}
 
 
-def test_a_dflash2_drafter_is_refused_by_name(tmp_path):
-    """Its drafts come from the candidate selector after the block logits, which the graph does not hold."""
-    target_dir, drafter_dir = save_tiny_pair(tmp_path, "dflash2")
-    with pytest.raises(SpecError, match="variant=dflash2: the ONNX graph returns block logits"):
-        export_onnx(drafter_dir, target_dir, tmp_path / "graph")
-    assert_no_output(tmp_path / "graph")
-    assert "dflash2" not in KINDS
+@pytest.mark.parametrize("kind", SEQUENTIAL)
+def test_a_sequential_heads_step_graph_matches_the_reference_step(pairs, kind):
+    """head_step.onnx against the drafter's own step (core/head_step.py) on inputs other than the trace's: scores
+    (-inf at the same places), the next state, and a dspark's predicted acceptance."""
+    from portable_spec.adapters.onnx_export import STEP_FILE, BoundDrafter, BoundHeadStep
+
+    target_dir, drafter_dir, graph_dir = pairs[kind]
+    target = TargetModel.load(target_dir)
+    graph = OnnxDrafterGraph(graph_dir, target)
+    step = BoundHeadStep(BoundDrafter(target.load_drafter(drafter_dir))).eval()
+    inputs = step.example_inputs(batch=4, seed=7)
+    with torch.no_grad():
+        expected = step.step(*inputs)
+    actual = graph.step(*inputs)
+    assert (graph_dir / STEP_FILE).exists() and len(actual) == len(expected) == 3
+    for ours, reference in zip(actual, expected):
+        if reference is None:
+            assert ours is None
+            continue
+        finite = torch.isfinite(reference)
+        assert torch.equal(torch.isfinite(ours), finite)
+        scale = max(1.0, reference[finite].abs().max().item())
+        assert (ours - reference)[finite].abs().max().item() <= TOLERANCE * scale
+    assert (expected[2] is not None) == (kind == "dspark")
+
+
+@pytest.mark.parametrize("kind", SEQUENTIAL)
+def test_sampled_drafts_are_the_references_draw_for_draw(pairs, kind):
+    """At T > 0 a sequential head draws its drafts from its own q with portable-spec's seeded sampler: the ONNX
+    proposer's drafts, q and emitted tokens equal the reference proposer's, round by round."""
+    target_dir, drafter_dir, graph_dir = pairs[kind]
+    target = TargetModel.load(target_dir)
+    proposers = [OnnxProposer(OnnxDrafterGraph(graph_dir, target)), TorchProposer(target.load_drafter(drafter_dir))]
+    rounds = [[], []]
+    for proposer, seen in zip(proposers, rounds):
+        original = proposer.propose_sampled
+
+        def recording(*args, original=original, seen=seen):
+            out = original(*args)
+            seen.append(out)
+            return out
+
+        proposer.propose_sampled = recording
+    config = GenerationConfig(max_new_tokens=16, num_draft_tokens=5, seed=11, sampling={"temperature": 1.0})
+    prompts = [[5, 17, 99, 3, 42, 7], [200, 1, 64]]
+    onnx_out, torch_out = (SpeculativeDecoder(target, p).generate(prompts, config) for p in proposers)
+    assert onnx_out.tokens == torch_out.tokens and len(rounds[0]) == len(rounds[1]) > 1
+    for (drafts, probability, q), (ref_drafts, ref_probability, ref_q) in zip(*rounds):
+        assert torch.equal(drafts, ref_drafts)
+        torch.testing.assert_close(q, ref_q, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(probability, ref_probability, rtol=1e-4, atol=1e-5)
+
+
+def test_a_sequential_export_needs_both_graphs_from_one_export(pairs, tmp_path):
+    """The step graph missing, or taken from another export, is refused by name on load."""
+    import shutil
+
+    from portable_spec.adapters.onnx_export import STEP_FILE
+
+    target = TargetModel.load(pairs["dspark"][0])
+    alone = tmp_path / "alone"
+    shutil.copytree(pairs["dspark"][2], alone)
+    (alone / STEP_FILE).unlink()
+    with pytest.raises(SpecError, match="head_step.onnx: not found; a dspark export holds the head's step graph"):
+        OnnxDrafterGraph(alone, target)
+    mixed = tmp_path / "mixed"
+    shutil.copytree(pairs["dspark"][2], mixed)
+    shutil.copy(pairs["domino"][2] / STEP_FILE, mixed / STEP_FILE)
+    with pytest.raises(SpecError, match="the two graphs come from two exports"):
+        OnnxDrafterGraph(mixed, target)

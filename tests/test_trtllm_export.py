@@ -155,10 +155,10 @@ def test_dflash_route_refuses_autoregressive(pairs, tmp_path, version, route):
     assert_no_output(tmp_path / "out")
 
 
-@pytest.mark.parametrize("route", ["auto", "dflash", "onnx"])
-def test_every_route_refuses_dflash2(pairs, tmp_path, route):
-    """Neither TensorRT-LLM's DFlash mode, portable-spec's builder nor the ONNX graph runs DFlash2's convolutions
-    and candidate selector: refused by name, nothing written."""
+@pytest.mark.parametrize("route", ["auto", "dflash"])
+def test_the_dflash_routes_refuse_dflash2(pairs, tmp_path, route):
+    """Neither TensorRT-LLM's DFlash mode nor portable-spec's builder runs DFlash2's convolutions and candidate
+    selector: refused by name, nothing written (the onnx route writes both of its graphs: test_onnx_route)."""
     target, drafter = load(pairs, "dflash2")
     with pytest.raises(SpecError, match="dflash2"):
         export_for_trtllm(target, drafter, tmp_path / "out", ExportRequest("1.4.0", route=route))
@@ -226,6 +226,13 @@ def test_onnx_route(pairs, tmp_path, kind):
         )
     error = (graph.block_logits(features, positions, valid, block, block_positions) - expected).abs().max().item()
     assert error <= TOLERANCE
+    if drafter.behaviour.sequential_head:  # the head's step graph, with its own profile and build command
+        step = manifest["build"]["head_step_profile"]
+        assert step["hidden"] == [[1, 64], [1, 64], [4, 64]] and step["previous"] == [[1], [1], [4]]
+        assert manifest["build"]["head_step_trtexec"].startswith("trtexec --onnx=head_step.onnx")
+        assert (out / "head_step.onnx").exists() and graph.step_session is not None
+    else:
+        assert "head_step_profile" not in manifest["build"] and not (out / "head_step.onnx").exists()
 
 
 @pytest.mark.parametrize(

@@ -149,12 +149,12 @@ def test_a_domino_port_that_misreads_a_piece_fails_its_row(workspace, monkeypatc
     """The Domino rows tell the pieces apart: SpecForge's own head disagrees with a port that drops the GRU correction
     or corrects the slots pure_draft_prefix_len leaves alone."""
     _needs("specforge")
-    from portable_spec.core import domino, drafter
+    from portable_spec.core import domino, drafter, head_step
 
-    if broken == "no_correction":
+    if broken == "no_correction":  # teacher-forced (the logits rows) and in the decoding chain (the drafts)
         monkeypatch.setattr(drafter, "block_corrections", lambda *a: domino.block_corrections(*a) * 0)
         step = domino.step_correction
-        monkeypatch.setattr(drafter, "step_correction", lambda *a: (step(*a)[0], step(*a)[1] * 0))
+        monkeypatch.setattr(head_step, "step_correction", lambda *a: (step(*a)[0], step(*a)[1] * 0))
     else:
         monkeypatch.setattr(
             drafter,

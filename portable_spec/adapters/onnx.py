@@ -1,7 +1,10 @@
 """ONNX Runtime backend: the exported bound drafter graph drafts, the reference loop verifies.
 
 The graph has no KV cache input, so the proposer's state is the raw context (features, positions) and each
-round reruns the graph over it; the reference proposer caches K/V instead, which is the same math.
+round reruns the graph over it; the reference proposer caches K/V instead, which is the same math. A sequential
+head's drafts come from the exported step graph run slot after slot in the reference's own chain
+(core/head_step.py `chain_drafts`), so its greedy drafts and, at T > 0, its draws from portable-spec's sampler are
+the reference's.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import torch
 
 from portable_spec.adapters.onnx_export import (
     GRAPH_FILE,
+    HIDDEN_OUTPUT,
     OUTPUT_NAME,
+    STEP_FILE,
+    STEP_INPUTS,
     GraphMetadata,
     export_bound_drafter,
     graph_inputs,
@@ -22,10 +28,11 @@ from portable_spec.adapters.onnx_export import (
 )
 from portable_spec.core.backends import DecoderBackend, ReferenceBackend
 from portable_spec.core.decode import SpeculativeDecoder
-from portable_spec.core.drafter import greedy_drafts
+from portable_spec.core.drafter import anchor_block, greedy_drafts
+from portable_spec.core.head_step import chain_drafts, chain_slots
 from portable_spec.core.spec import DrafterConfig, SpecError
 from portable_spec.core.target import TargetModel
-from portable_spec.core.variants import VARIANTS, behaviour_of
+from portable_spec.core.variants import behaviour_of
 
 
 class OnnxDrafterGraph:
@@ -47,9 +54,37 @@ class OnnxDrafterGraph:
                 "embedding/LM head; re-export it with `portable-spec export onnx DRAFTER OUT --target <this target>`"
             )
         target.check_drafter(self.config)
+        self.sequential_head = behaviour_of(self.config.kind).sequential_head
+        self.step_session = self._step_session(path) if self.sequential_head else None
+
+    def _step_session(self, path: Path):
+        """The head's step graph beside the block graph; refused unless both come from one export."""
+        import onnxruntime as ort
+
+        step_path = path.parent / STEP_FILE
+        if not step_path.exists():
+            raise SpecError(
+                f"{step_path}: not found; a {self.config.kind} export holds the head's step graph beside "
+                f"{path.name}: re-export with `portable-spec export onnx DRAFTER OUT --target T`"
+            )
+        session = ort.InferenceSession(str(step_path), session_options(), providers=["CPUExecutionProvider"])
+        if GraphMetadata.from_props(session.get_modelmeta().custom_metadata_map, str(step_path)) != self.metadata:
+            raise SpecError(f"{step_path}: its metadata differ from {path.name}'s; the two graphs come from two "
+                            "exports: re-export the drafter into one directory")  # fmt: skip
+        return session
+
+    def step(self, hidden, logits, previous, state) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One slot of the head (head_step.SlotStep) in onnxruntime."""
+        feeds = {name: t.detach().cpu().numpy() for name, t in zip(STEP_INPUTS, (hidden, logits, previous, state))}
+        outputs = [torch.from_numpy(output) for output in self.step_session.run(None, feeds)]
+        return outputs[0], outputs[1], outputs[2] if len(outputs) > 2 else None
 
     def block_logits(self, features, context_positions, context_valid, block_ids, block_positions) -> torch.Tensor:
         """One pass, shapes as the graph contract (onnx_export.py); blocks shorter than k only if block-causal."""
+        return self.block_outputs(features, context_positions, context_valid, block_ids, block_positions)[0]
+
+    def block_outputs(self, features, context_positions, context_valid, block_ids, block_positions):
+        """(logits [B, 1, width, V], a sequential head's final states [B, 1, width, H] or None)."""
         k, width = self.config.block_size, block_ids.shape[-1]
         if width != k:
             if width > k or not self.config.block_causal:
@@ -64,8 +99,9 @@ class OnnxDrafterGraph:
             block_positions = torch.cat((block_positions, tail), dim=-1)
         inputs = graph_inputs(features, context_positions, context_valid, block_ids, block_positions)
         feeds = {name: tensor.detach().cpu().numpy() for name, tensor in inputs.items()}
-        (logits,) = self.session.run([OUTPUT_NAME], feeds)
-        return torch.from_numpy(logits)[..., :width, :]  # [B, 1, width, V]
+        names = [OUTPUT_NAME, HIDDEN_OUTPUT] if self.sequential_head else [OUTPUT_NAME]
+        outputs = [torch.from_numpy(output)[..., :width, :] for output in self.session.run(names, feeds)]
+        return outputs[0], outputs[1] if self.sequential_head else None
 
 
 @dataclass
@@ -97,11 +133,31 @@ class OnnxProposer:
         return self.propose_scored(state, valid, anchor_tokens, anchor_positions, num_drafts)[0]
 
     def propose_scored(self, state: OnnxContext, valid, anchor_tokens, anchor_positions, num_drafts):
+        if self.behaviour.sequential_head:
+            return self.propose_sampled(state, valid, anchor_tokens, anchor_positions, num_drafts, None)[:2]
         k = self.config.block_size  # the graph's block is fixed at export
         positions = anchor_positions.cpu()[:, None, None] + torch.arange(k)
         run = lambda ids: self.graph.block_logits(state.features, state.positions, valid, ids, positions)  # noqa: E731
         tokens, probability = greedy_drafts(run, self.config, anchor_tokens.cpu(), num_drafts, k)
         return tokens.to(anchor_tokens.device), probability.to(anchor_tokens.device)
+
+    @property
+    def samples_drafts(self) -> bool:
+        """A sequential head samples its drafts at T > 0 (proposer.py), as the reference proposer does."""
+        return self.behaviour.sequential_head
+
+    def propose_sampled(self, state: OnnxContext, valid, anchor_tokens, anchor_positions, num_drafts, sampler):
+        """A sequential head's chain over the block graph's final states, the step graph per slot (greedy when
+        sampler is None)."""
+        k, device = self.config.block_size, anchor_tokens.device
+        anchors = anchor_tokens.cpu()
+        positions = anchor_positions.cpu()[:, None, None] + torch.arange(k)
+        block = anchor_block(self.config, anchors, k)
+        logits, hidden = self.graph.block_outputs(state.features, state.positions, valid, block, positions)
+        slots = chain_slots(self.config)
+        start = hidden.new_zeros(len(anchors), slots.state_size)
+        out = chain_drafts(self.graph.step, slots, hidden[:, 0], logits[:, 0], anchors, num_drafts, start, sampler)
+        return tuple(None if t is None else t.to(device) for t in out)
 
     def passes_per_round(self, num_drafts: int) -> int:
         return num_drafts if self.behaviour.autoregressive else 1
@@ -111,8 +167,6 @@ class OnnxBackend(DecoderBackend):
     """Drafting in onnxruntime from the exported graph; `drafter_dir` is a graph dir or a checkpoint to export."""
 
     name = "onnx"
-    # the graph returns block logits; a candidate selector's picks after them are not in it (onnx_export refuses)
-    kinds_supported = tuple(kind for kind, behaviour in VARIANTS.items() if not behaviour.sequential_head)
 
     def __init__(self) -> None:
         self._graphs: dict[tuple[str, str], OnnxDrafterGraph] = {}

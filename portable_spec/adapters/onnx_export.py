@@ -5,6 +5,13 @@ Graph contract (dynamic batch B and context length T, block size k fixed at the 
   block_ids [B, 1, k] int64, block_positions [B, 1, k] int64  ->  logits [B, 1, k, V] float32.
 The graph is the reference `Drafter.context_kv` + `Drafter.block_logits`, traced; only nn.RMSNorm is swapped
 for the same formula in primitive ops, because the legacy exporter has no symbolic for aten::rms_norm.
+
+A drafter that picks its drafts slot after slot (dflash2's selector, dspark's Markov head, domino's GRU:
+core/head_step.py) gets a second output and a second graph, the head's slot step, which the proposer runs in
+head_step.chain_drafts as the reference does (greedy, or drawn by portable-spec's sampler at T > 0):
+  drafter.onnx   ... -> logits [B, 1, k, V], hidden [B, 1, k, H] (the block's final states)
+  head_step.onnx hidden [B, H], logits [B, V], previous [B] int64, state [B, S]
+                 -> scores [B, V], next_state [B, S] (+ acceptance [B]: a dspark's confidence head)
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ SUPPORTED_OPSETS = range(14, 21)  # 14: first with Trilu; 20: the legacy exporte
 INPUT_NAMES = ("features", "context_positions", "context_valid", "block_ids", "block_positions")
 INPUT_DTYPES = (torch.float32, torch.int64, torch.bool, torch.int64, torch.int64)  # the graph's, in that order
 OUTPUT_NAME = "logits"
+HIDDEN_OUTPUT = "hidden"  # a sequential head's block graph only
+STEP_FILE = "head_step.onnx"
+STEP_INPUTS = ("hidden", "logits", "previous", "state")
+STEP_OUTPUTS = ("scores", "next_state", "acceptance")  # acceptance: only where the head predicts it
 META_PREFIX = "portable_spec."
 EXPORT_TOLERANCE = 1e-4  # max abs logits error, fp32, onnxruntime vs torch, checked on every export
 
@@ -128,7 +139,38 @@ class BoundDrafter(nn.Module):
     def forward(self, features, context_positions, context_valid, block_ids, block_positions):
         context = self.drafter.context_kv(features, context_positions)
         mask = context_valid[:, None, :].expand(-1, block_ids.shape[-1], -1)  # [B, k, T]
-        return self.drafter.block_logits(block_ids, block_positions, context, mask, context_positions)  # [B,1,k,V]
+        hidden = self.drafter.block_hidden(block_ids, block_positions, context, mask, context_positions)
+        logits = self.drafter.to_full_vocab(self.drafter.scored_logits(hidden))  # [B, 1, k, V]
+        return (logits, hidden) if self.drafter.behaviour.sequential_head else logits
+
+    def output_names(self) -> list[str]:
+        return [OUTPUT_NAME, HIDDEN_OUTPUT] if self.drafter.behaviour.sequential_head else [OUTPUT_NAME]
+
+
+class BoundHeadStep(nn.Module):
+    """A bound drafter's sequential head as one slot's step (core/head_step.py), the graph head_step.onnx holds."""
+
+    def __init__(self, bound: BoundDrafter) -> None:
+        super().__init__()
+        self.config = bound.drafter.config
+        self.step = bound.drafter.head_step()
+        self.has_acceptance = bool(getattr(self.step, "confidence", None) is not None)
+
+    def forward(self, hidden, logits, previous, state):
+        scores, next_state, acceptance = self.step(hidden, logits, previous, state)
+        return (scores, next_state, acceptance) if self.has_acceptance else (scores, next_state)
+
+    def output_names(self) -> list[str]:
+        return list(STEP_OUTPUTS[: 3 if self.has_acceptance else 2])
+
+    def example_inputs(self, batch: int = 2, seed: int = 0) -> tuple[torch.Tensor, ...]:
+        """Inputs of the step's shapes: a random slot state, block logits and recurrent state, a previous token."""
+        generator = torch.Generator().manual_seed(seed)
+        hidden = torch.randn(batch, self.config.hidden_size, generator=generator)
+        logits = torch.randn(batch, self.config.vocab_size, generator=generator)
+        previous = torch.randint(0, self.config.vocab_size, (batch,), generator=generator)
+        state = torch.randn(batch, self.step.slots.state_size, generator=generator)
+        return hidden, logits, previous, state
 
 
 def _swap_rms_norms(module: nn.Module) -> None:
@@ -207,14 +249,7 @@ def export_bound_drafter(
 
 
 def bind_for_export(target: TargetModel, drafter: Drafter) -> BoundDrafter:
-    """Checks that fail before any file is written: the kind, binding and dtype."""
-    if drafter.behaviour.sequential_head:
-        head = "candidate selector" if drafter.behaviour.candidate_selector else "Markov head"
-        raise SpecError(
-            f"variant={drafter.config.kind}: the ONNX graph returns block logits, and a {drafter.config.kind} "
-            f"drafter's drafts come from its {head} after them, slot after slot, which the ONNX proposer does not "
-            "run yet; run it with the reference backend (`portable-spec generate`)"
-        )
+    """Checks that fail before any file is written: binding and dtype."""
     target.require_bound(drafter)
     if target.model.dtype != torch.float32 or drafter.fc.weight.dtype != torch.float32:
         raise SpecError(
@@ -225,9 +260,8 @@ def bind_for_export(target: TargetModel, drafter: Drafter) -> BoundDrafter:
 
 
 def write_graph_files(out: Path, bound: BoundDrafter, opset: int, verify: bool = True) -> dict:
-    """Write drafter.onnx (+ metadata), config.json and export.json into an existing (temporary) dir."""
-    import onnx  # lazy: the core never imports engines or exporters
-
+    """Write drafter.onnx (+ head_step.onnx for a sequential head), each with the metadata, config.json and
+    export.json into an existing (temporary) dir."""
     config = bound.drafter.config
     meta = GraphMetadata(
         ONNX_FORMAT_VERSION,
@@ -239,13 +273,15 @@ def write_graph_files(out: Path, bound: BoundDrafter, opset: int, verify: bool =
         config,
     )
     start = time.perf_counter()
-    graph_path = out / GRAPH_FILE
-    _trace_to_onnx(bound, example_inputs(config), graph_path, opset)
-    model = onnx.load(str(graph_path), load_external_data=False)
-    for key, value in meta.to_props().items():
-        model.metadata_props.add(key=key, value=value)
-    onnx.save(model, str(graph_path))
-    onnx.checker.check_model(str(graph_path))
+    block_axes = {name: {0: "batch", 1: "context"} for name in INPUT_NAMES[:3]}
+    block_axes.update({name: {0: "batch"} for name in (*INPUT_NAMES[3:], *bound.output_names())})
+    graphs = [(GRAPH_FILE, bound, example_inputs(config), list(INPUT_NAMES), block_axes)]
+    if bound.drafter.behaviour.sequential_head:
+        step = BoundHeadStep(bound).eval()
+        step_axes = {name: {0: "batch"} for name in (*STEP_INPUTS, *step.output_names())}
+        graphs.append((STEP_FILE, step, step.example_inputs(), list(STEP_INPUTS), step_axes))
+    for name, module, inputs, input_names, axes in graphs:
+        _trace_to_onnx(module, inputs, out / name, opset, input_names, axes, meta)
     manifest = {
         "format_version": ONNX_FORMAT_VERSION,
         "opset": opset,
@@ -257,48 +293,74 @@ def write_graph_files(out: Path, bound: BoundDrafter, opset: int, verify: bool =
         "output": OUTPUT_NAME,
         "export_seconds": round(time.perf_counter() - start, 3),
     }
+    if len(graphs) > 1:
+        manifest["outputs"] = bound.output_names()
+        manifest["head_step"] = {"file": STEP_FILE, "inputs": list(STEP_INPUTS), "outputs": step.output_names()}
     if verify:
-        manifest["verified_max_abs_error"] = verify_graph(bound, graph_path)
+        inputs = example_inputs(config, batch=3, context=9, seed=1)
+        manifest["verified_max_abs_error"] = verify_graph(out / GRAPH_FILE, bound, inputs, INPUT_NAMES)
         manifest["tolerance"] = EXPORT_TOLERANCE
+        if len(graphs) > 1:
+            inputs = step.example_inputs(batch=3, seed=1)
+            error = verify_graph(out / STEP_FILE, step, inputs, STEP_INPUTS, relative=True)
+            manifest["head_step"]["verified_max_relative_error"] = error
     (out / CONFIG_FILE).write_text(json.dumps(config.model_dump(mode="json"), indent=2) + "\n")
     (out / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 
-def _trace_to_onnx(bound: BoundDrafter, inputs: tuple[torch.Tensor, ...], path: Path, opset: int) -> None:
-    dynamic = {name: {0: "batch", 1: "context"} for name in INPUT_NAMES[:3]}
-    dynamic.update({name: {0: "batch"} for name in (*INPUT_NAMES[3:], OUTPUT_NAME)})
+def _trace_to_onnx(
+    module: nn.Module, inputs: tuple, path: Path, opset: int, input_names: list[str], axes: dict, meta: GraphMetadata
+) -> None:
+    """Trace `module` to `path` with dynamic `axes`, stamp the metadata on it and check it."""
+    import onnx  # lazy: the core never imports engines or exporters
+
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer warnings on shape checks that are constant by construction
         torch.onnx.export(
-            bound,
+            module,
             inputs,
             str(path),
             dynamo=False,
             opset_version=opset,
-            input_names=list(INPUT_NAMES),
-            output_names=[OUTPUT_NAME],
-            dynamic_axes=dynamic,
+            input_names=input_names,
+            output_names=module.output_names(),
+            dynamic_axes=axes,
         )
+    model = onnx.load(str(path), load_external_data=False)
+    for key, value in meta.to_props().items():
+        model.metadata_props.add(key=key, value=value)
+    onnx.save(model, str(path))
+    onnx.checker.check_model(str(path))
 
 
-def verify_graph(bound: BoundDrafter, graph_path: Path) -> float:
-    """Run the graph on other shapes than the trace's and compare with torch; fail the export past tolerance."""
+def verify_graph(graph_path: Path, module: nn.Module, inputs: tuple, input_names, relative: bool = False) -> float:
+    """Run the graph on other shapes than the trace's and compare every output with torch; fail the export past
+    tolerance. -inf (outside a draft vocabulary, or a selector's candidates) must sit at the same places. With
+    `relative`, each output's error is divided by its largest magnitude when that exceeds 1 (a selector's scores
+    add codebook products of any size: float32 rounds them relative to their size)."""
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(graph_path), session_options(), providers=["CPUExecutionProvider"])
-    inputs = example_inputs(bound.drafter.config, batch=3, context=9, seed=1)
-    (logits,) = session.run([OUTPUT_NAME], {n: t.numpy() for n, t in graph_inputs(*inputs).items()})
+    feeds = {name: tensor.numpy() for name, tensor in zip(input_names, inputs)}  # example inputs: the graph's dtypes
+    outputs = session.run(module.output_names(), feeds)
     with torch.no_grad():
-        reference = bound(*inputs)
-    logits = torch.from_numpy(logits)
-    masked = torch.isinf(reference)  # outside a reduced draft vocabulary: -inf in both, or the graph is wrong
-    same_mask = torch.equal(torch.isinf(logits), masked)
-    error = float((logits - reference).abs()[~masked].max()) if same_mask else float("inf")
+        reference = module(*inputs)
+    reference = reference if isinstance(reference, tuple) else (reference,)
+    error = 0.0
+    for actual, expected in zip(outputs, reference):
+        actual = torch.from_numpy(actual)
+        masked = torch.isinf(expected)
+        same_mask = torch.equal(torch.isinf(actual), masked)
+        if not same_mask:
+            error = float("inf")
+        elif (~masked).any():
+            scale = max(1.0, float(expected[~masked].abs().max())) if relative else 1.0
+            error = max(error, float((actual - expected).abs()[~masked].max()) / scale)
     if not error <= EXPORT_TOLERANCE:
         raise SpecError(
-            f"exported graph differs from the torch drafter: max abs logits error {error:.3g} > {EXPORT_TOLERANCE}; "
-            "report this with the drafter config (the graph was not written)"
+            f"exported graph {graph_path.name} differs from the torch drafter: max abs error {error:.3g} > "
+            f"{EXPORT_TOLERANCE}; report this with the drafter config (the graph was not written)"
         )
     return error
 

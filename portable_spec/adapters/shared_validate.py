@@ -33,10 +33,12 @@ def check_servable(
     *,
     reduced_vocabulary: bool = False,
     own_embeddings: bool = False,
+    native_kinds: tuple[str, ...] = (),
 ) -> None:
-    """Refuse what `engine`'s DFlash `proposer` cannot run: multi-pass kinds; unless the adapter fills the engine's
-    draft-vocabulary LM head (`reduced_vocabulary`), reduced draft vocabularies; unless the engine loads a drafter's
-    own embedding and head (`own_embeddings`), drafters that carry them."""
+    """Refuse what `engine`'s DFlash `proposer` cannot run: multi-pass kinds; kinds beyond DFlash's shape unless the
+    engine's own classes serve them (`native_kinds`); unless the adapter fills the engine's draft-vocabulary LM head
+    (`reduced_vocabulary`), reduced draft vocabularies; unless the engine loads a drafter's own embedding and head
+    (`own_embeddings`), drafters that carry them."""
     if not behaviour_of(config.kind).single_pass:
         raise SpecError(
             f"{source}: variant {config.kind!r} has no {engine} route: {engine}'s {proposer} runs one drafter pass "
@@ -44,7 +46,7 @@ def check_servable(
             f"own drafts. fix: serve a {' or '.join(ENGINE_KINDS)} drafter with {engine}, or run this one with "
             "`portable-spec generate` (reference and ONNX backends)"
         )
-    if not behaviour_of(config.kind).dflash_shaped:
+    if not behaviour_of(config.kind).dflash_shaped and config.kind not in native_kinds:
         raise SpecError(
             f"{source}: variant {config.kind!r} has no {engine} route through portable-spec yet: its "
             f"{behaviour_of(config.kind).extras} are not DFlash's, so {engine}'s {proposer} cannot run it as a "

@@ -79,9 +79,11 @@ def run(args: argparse.Namespace) -> int:
         )
         manifest = json.loads((out / MANIFEST_FILE).read_text())
         error = manifest.get("verified_max_abs_error")
+        step_error = manifest.get("head_step", {}).get("verified_max_relative_error")
         print(
             f"wrote {out}: {manifest['variant']} drafter, block_size={manifest['block_size']}, opset={args.opset}"
             + (f", onnxruntime vs torch max abs logits error {error:.2e}" if error is not None else "")
+            + (f", head step graph max relative error {step_error:.2e}" if step_error is not None else "")
             + f" ({time.perf_counter() - start:.1f}s)"
         )
         return 0

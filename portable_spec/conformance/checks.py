@@ -240,9 +240,10 @@ def _greedy_equal(ctx: CheckContext, target, drafter, prompts, config, label: st
 
 
 def _full_block(config: GenerationConfig, drafter) -> GenerationConfig:
-    """block_size - 1 drafts: the round every backend runs (an engine's DFlash runs a K + 1 slot block, exact for a
-    bidirectional drafter only at full length)."""
-    return config.model_copy(update={"num_draft_tokens": read_config(drafter).block_size - 1})
+    """A whole block of drafts (block_size - 1; block_size for a DSpark drafting from the anchor's slot): the round
+    every backend runs (an engine's DFlash runs a K + 1 slot block, llama.cpp's DSpark from the anchor a K slot one,
+    exact for a bidirectional drafter only at full length)."""
+    return config.model_copy(update={"num_draft_tokens": read_config(drafter).max_draft_tokens})
 
 
 def _e2e_greedy_tiny(ctx: CheckContext, kind: str) -> None:
@@ -501,7 +502,7 @@ def family_checks() -> list[Check]:
         ),
         (
             "e2e/greedy_tiny",
-            "tiny random models, ragged batch of 4, block_size - 1 "
+            "tiny random models, ragged batch of 4, a whole block of "
             "drafts: greedy speculative == the backend's non-speculative == the reference's",
             _e2e_greedy_tiny,
             "generate",
@@ -550,7 +551,7 @@ def family_checks() -> list[Check]:
         ),
         (
             "e2e/greedy_heldout",
-            f"{heldout}, block_size - 1 drafts: greedy speculative == the backend's non-speculative == the reference's",
+            f"{heldout}, a whole block of drafts: greedy speculative == the backend's non-speculative == the reference's",
             _e2e_greedy_heldout,
             "generate",
             "independent",

@@ -22,6 +22,11 @@ from portable_spec.core.testing import tiny_drafter, tiny_target
 T = TypeVar("T")
 
 
+# dflash2: 7 candidates, the most a 64-wide drafter runs in llama.cpp (b11434 packs the selector's top_k x (top_k + 1)
+# lattice into one hidden-sized row: llamacpp/gguf_export.py selector_lattice_gap)
+TINY_OPTIONS = {"dflash2": {"variant_options": {"selector_top_k": 7}}}
+
+
 class CheckSkipped(Exception):
     """The check cannot run here; the message is the reason reported (a skip is never a pass)."""
 
@@ -54,7 +59,7 @@ class Workspace:
             target = tiny_target(seed=0)
             target.model.save_pretrained(self.root / "tiny-target")
             for kind in VARIANT_KINDS:  # every kind, dflash2 included: random tiny drafters need no training
-                tiny_drafter(target, kind).save(self.root / f"tiny-drafter-{kind}")
+                tiny_drafter(target, kind, **TINY_OPTIONS.get(kind, {})).save(self.root / f"tiny-drafter-{kind}")
         return self.root / "tiny-target"
 
 

@@ -14,9 +14,11 @@ from torch import nn
 
 from portable_spec.core.attention import BlockMask, anchor_window_mask, window_mask, within_block_mask
 from portable_spec.core.checkpoint import load_drafter_files, save_drafter
-from portable_spec.core.domino import block_corrections, domino_modules, step_correction
+from portable_spec.core.domino import block_corrections, domino_modules
 from portable_spec.core.drafter_layers import DrafterLayer, rotary_cos_sin, rotary_frequencies
-from portable_spec.core.markov import ConfidenceHead, MarkovHead, previous_tokens
+from portable_spec.core.head_step import DominoStep, HeadStep, MarkovStep, SelectorStep, chain_drafts
+from portable_spec.core.markov import ConfidenceHead, MarkovHead, confidence_input, previous_tokens
+from portable_spec.core.sampling import greedy_with_probability
 from portable_spec.core.selector import CandidateSelector
 from portable_spec.core.spec import DrafterConfig, LayerAttention, SpecError
 from portable_spec.core.variants import behaviour_of
@@ -219,12 +221,10 @@ class Drafter(nn.Module):
 
     def confidence_logits(self, hidden: torch.Tensor, previous: torch.Tensor) -> torch.Tensor:
         """A dspark's predicted acceptance logit per slot [...]: slot states [..., H], previous-token ids [...]."""
-        variant = self.config.variant
-        features = hidden
-        if variant.confidence_head_with_markov:
-            embedding = self.markov_head.embed(previous).to(hidden.dtype)
-            features = torch.cat((hidden, embedding), dim=-1)
-        return self.confidence_head(features)
+        embedding = self.markov_head.embed(previous)
+        return self.confidence_head(
+            confidence_input(hidden, embedding, self.config.variant.confidence_head_with_markov)
+        )
 
     @torch.no_grad()
     def propose(
@@ -279,65 +279,28 @@ class Drafter(nn.Module):
     def head_drafts(
         self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, num_drafts: int, sampler=None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """A sequential head's drafts from one block's final states [B, k, H] after anchors [B]: DSpark's Markov
-        chain, Domino's GRU chain or DFlash2's selector, greedy or drawn by `sampler` (what decoding and the held-out
-        acceptance both call)."""
+        """A sequential head's drafts from one block's final states [B, >= last draft slot + 1, H] after anchors
+        [B]: DSpark's Markov chain, Domino's GRU chain or DFlash2's selector (head_step.py), greedy or drawn by
+        `sampler`: what decoding and the held-out acceptance both call, and what the ONNX proposer runs with the
+        exported step graph."""
+        step = self.head_step()
+        stop = step.slots.first_draft + num_drafts
+        logits = self.to_full_vocab(self.scored_logits(hidden[:, :stop]))
+        return chain_drafts(
+            step, step.slots, hidden, logits, anchor_tokens, num_drafts, step.initial_state(hidden), sampler
+        )
+
+    def head_step(self) -> HeadStep:
+        """The sequential head as one slot's step over this drafter's modules (head_step.py)."""
         if self.behaviour.markov_head:
-            return self.markov_drafts(hidden, anchor_tokens, num_drafts, sampler)
+            confidence = getattr(self, "confidence_head", None)
+            return MarkovStep(self.config, self.markov_head, confidence, self.draft_token_ids())
         if self.behaviour.gru_head:
-            return self.domino_drafts(hidden, anchor_tokens, num_drafts, sampler)
-        hidden = hidden[:, self.draft_slots(num_drafts)]  # DFlash2: selector.py
-        return self.candidate_selector.select(hidden, self.scored_logits(hidden), anchor_tokens, sampler)
-
-    def markov_drafts(
-        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, num_drafts: int, sampler=None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """DSpark: one block's final states [B, >= last draft slot + 1, H] and anchors [B] -> drafts [B, n] picked
-        slot after slot, each slot biased by the draft before it (markov.py; the Markov recurrence runs from slot
-        0), greedy or drawn by `sampler` (sampling.DraftSampler); each draft's probability [B, n]: the confidence
-        head's predicted acceptance where the drafter has one (what DSpark trains it for: cutting the draft where
-        the cumulative product falls), else q's; and the q each was drawn from [B, n, V] (None when greedy)."""
-        slots = self.draft_slots(num_drafts)
-        head = self.markov_head
-        state, previous, drafts, probabilities, qs = None, anchor_tokens, [], [], []
-        for slot in range(slots.stop):
-            state, bias = head.step(state, head.embed(previous), hidden[:, slot])
-            if slot < slots.start:  # slot 0 predicts the anchor itself: it only feeds the recurrence
-                continue
-            logits = self.to_full_vocab(self.scored_logits(hidden[:, slot]) + bias)
-            token, probability, q = pick_draft(logits, sampler, slot - slots.start)
-            if hasattr(self, "confidence_head"):
-                probability = torch.sigmoid(self.confidence_logits(hidden[:, slot], previous).float())
-            drafts.append(token)
-            probabilities.append(probability)
-            qs.append(q)
-            previous = token
-        q = torch.stack(qs, dim=1) if sampler is not None else None
-        return torch.stack(drafts, dim=1), torch.stack(probabilities, dim=1), q
-
-    def domino_drafts(
-        self, hidden: torch.Tensor, anchor_tokens: torch.Tensor, num_drafts: int, sampler=None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Domino: one block's final states [B, >= num_drafts + 1, H] and anchors [B] -> drafts [B, n] picked slot
-        after slot, each corrected by the GRU over the tokens before it (domino.py; slots 1 .. pure_draft_prefix_len
-        uncorrected, their drafts still fed to the GRU), greedy or drawn by `sampler`; each draft's probability
-        (q's) and the q each was drawn from (None when greedy), as markov_drafts."""
-        prefix = self.config.variant.pure_draft_prefix_len
-        state, previous, drafts, probabilities, qs = None, anchor_tokens, [], [], []
-        for slot in range(1, num_drafts + 1):
-            state, correction = step_correction(
-                self.prefix_gru, self.embed_proj, state, self.embed(previous), hidden[:, slot]
-            )
-            logits = self.scored_logits(hidden[:, slot])
-            if slot > prefix:
-                logits = logits + correction
-            token, probability, q = pick_draft(logits, sampler, slot - 1)
-            drafts.append(token)
-            probabilities.append(probability)
-            qs.append(q)
-            previous = token
-        q = torch.stack(qs, dim=1) if sampler is not None else None
-        return torch.stack(drafts, dim=1), torch.stack(probabilities, dim=1), q
+            embed = self.embed_tokens if self.config.own_embeddings else self.shared.embed_tokens
+            return DominoStep(self.config, self.prefix_gru, self.embed_proj, embed, self.fc.weight.dtype)
+        if self.behaviour.candidate_selector:
+            return SelectorStep(self.config, self.candidate_selector)
+        raise ValueError(f"a {self.config.kind} drafter has no sequential head")
 
     # -- persistence -----------------------------------------------------------------------------
     def save(self, out_dir: Path, force: bool = False, owner: str | None = None) -> Path:
@@ -422,22 +385,6 @@ def greedy_drafts(
         block[:, 0, slot + 1] = token[:, 0]
         probabilities.append(probability)
     return block[:, 0, 1 : num_drafts + 1], torch.cat(probabilities, dim=1)
-
-
-def pick_draft(logits: torch.Tensor, sampler, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """One draft of a slot-after-slot chain from its logits [B, V]: (tokens [B], their probability [B], the q they
-    were drawn from [B, V] or None): greedy (the softmax probability), or by `sampler` (sampling.DraftSampler)."""
-    if sampler is None:
-        token, probability = greedy_with_probability(logits[:, None])
-        return token[:, 0], probability[:, 0], None
-    token, q = sampler(index, logits)
-    return token, q.gather(-1, token[:, None])[:, 0], q
-
-
-def greedy_with_probability(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, n, V] -> (argmax [B, n], its softmax probability [B, n])."""
-    tokens = logits.argmax(dim=-1)
-    return tokens, logits.float().softmax(dim=-1).gather(-1, tokens[..., None])[..., 0]
 
 
 def expected_weight_shapes(config: DrafterConfig) -> dict[str, tuple[int, ...]]:

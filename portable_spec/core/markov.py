@@ -81,6 +81,11 @@ class ConfidenceHead(nn.Module):
         return self.proj(features).squeeze(-1)
 
 
+def confidence_input(hidden: torch.Tensor, prev_embedding: torch.Tensor, with_markov: bool) -> torch.Tensor:
+    """What the confidence head reads: [h_s ; W1[prev_s]] (speculators' confidence_head_with_markov) or h_s."""
+    return torch.cat((hidden, prev_embedding.to(hidden.dtype)), dim=-1) if with_markov else hidden
+
+
 def previous_tokens(block_tokens: torch.Tensor, drafts_from_anchor: bool) -> torch.Tensor:
     """Block tokens [..., k] (the anchor, then the tokens after it) -> each slot's previous token [..., k]: the token
     before the one the slot predicts (with drafts_from_anchor false, slot 0 predicts the anchor itself and takes

@@ -113,3 +113,10 @@ class DraftSampler:
         """Draft `index`'s logits [B, V] -> (its tokens [B], the q they were drawn from [B, V])."""
         q = target_probs(logits[:, None], self.sampling)[:, 0]
         return sample_from(q, self.uniforms[:, index]), q
+
+
+def greedy_with_probability(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, n, V] -> (argmax [B, n], its softmax probability [B, n]): a greedy draft and the drafter's
+    probability of it (what confidence cuts multiply)."""
+    tokens = logits.argmax(dim=-1)
+    return tokens, logits.float().softmax(dim=-1).gather(-1, tokens[..., None])[..., 0]

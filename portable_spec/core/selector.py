@@ -8,7 +8,8 @@ candidates (their logits the unary scores); slot after slot, a candidate c score
 
 where `prev` is the token picked in the slot before (the anchor for the first slot), and the best-scoring candidate
 is the slot's draft. The codebooks are indexed by target token ids, so the drafter scores the full vocabulary.
-The parameter names are the ones both projects save (`candidate_selector.predecessor_codebook`, ...).
+The parameter names are the ones both projects save (`candidate_selector.predecessor_codebook`, ...). The pick,
+slot after slot, is head_step.py's SelectorStep in its chain.
 """
 
 from __future__ import annotations
@@ -37,32 +38,3 @@ class CandidateSelector(nn.Module):
         """projected [..., R] (slots' hidden_projection), predecessor ids [...], candidate ids [..., K] -> [..., K]."""
         context = self.predecessor_codebook[predecessor] * projected.to(self.predecessor_codebook.dtype)
         return torch.einsum("...r,...kr->...k", context, self.successor_codebook[candidates])
-
-    def select(
-        self, hidden: torch.Tensor, logits: torch.Tensor, anchor: torch.Tensor, sampler=None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """hidden [B, n, H] and logits [B, n, V] of the n draft slots, anchor ids [B] -> (drafts [B, n], the selector's
-        probability of each [B, n], the q [B, n, V] they were drawn from or None): greedy (the probability a softmax
-        over the candidates' scores), or drawn by `sampler` (sampling.DraftSampler) from the candidates' scores at the
-        request's temperature (z-lab `dflash` 0.1.0 `select` samples softmax(scores / T); the request's top-k and
-        top-p apply here too), the q being zero outside the candidates."""
-        unary, candidates = self.candidates(logits)
-        projected = self.hidden_projection(hidden)
-        predecessor, drafts, probabilities, qs = anchor, [], [], []
-        for slot in range(hidden.shape[1]):
-            scores = (
-                unary[:, slot].float()
-                + self.transition_scores(projected[:, slot], predecessor, candidates[:, slot]).float()
-            )
-            if sampler is None:
-                index = scores.argmax(dim=-1)
-                predecessor = candidates[:, slot].gather(-1, index[:, None])[:, 0]
-                probabilities.append(scores.softmax(dim=-1).gather(-1, index[:, None])[:, 0])
-            else:  # the candidates' scores at their token ids, -inf elsewhere: q over the candidates only
-                full = scores.new_full((scores.shape[0], logits.shape[-1]), float("-inf"))
-                predecessor, q = sampler(slot, full.scatter(-1, candidates[:, slot], scores))
-                probabilities.append(q.gather(-1, predecessor[:, None])[:, 0])
-                qs.append(q)
-            drafts.append(predecessor)
-        q = torch.stack(qs, dim=1) if sampler is not None else None
-        return torch.stack(drafts, dim=1), torch.stack(probabilities, dim=1), q

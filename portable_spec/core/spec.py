@@ -89,7 +89,16 @@ class _Strict(BaseModel):
 BLOCK_ATTENTION = ("bidirectional", "causal", "causal_in_sliding_layers")
 
 
-class ParallelVariant(_Strict):
+class _VariantFields(_Strict):
+    """What every variant config has beyond its fields: the keys the engines' own loaders read for the kind."""
+
+    def engine_keys(self) -> dict[str, Any]:
+        """Keys written into config.json beside ours (engine_fields) so an engine's converter or loader for the
+        kind reads the checkpoint; a nested `dflash_config` is merged into DFlash's."""
+        return {}
+
+
+class ParallelVariant(_VariantFields):
     """DFlash-style: one pass over [anchor, MASK...], no shift-mix. The block slots attend to each other
     bidirectionally (DFlash), or causally in every layer (z-lab `is_causal: true`; speculators 0.9.0's trainer
     default, whose layers all slide), or causally in the sliding-window layers only (z-lab `dflash` 0.1.0
@@ -103,7 +112,7 @@ class ParallelVariant(_Strict):
     )
 
 
-class DepthCausalVariant(_Strict):
+class DepthCausalVariant(_VariantFields):
     """Ours: one pass, causal block attention, and before every layer slot j mixes in slot j-1's state."""
 
     kind: Literal["depth_causal"] = "depth_causal"
@@ -114,7 +123,7 @@ class DepthCausalVariant(_Strict):
     )
 
 
-class AutoregressiveVariant(_Strict):
+class AutoregressiveVariant(_VariantFields):
     """EAGLE-style baseline: one drafter pass per draft token, fed its own previous drafts."""
 
     kind: Literal["autoregressive"] = "autoregressive"
@@ -122,7 +131,7 @@ class AutoregressiveVariant(_Strict):
     behaviour: ClassVar[VariantBehaviour] = VariantBehaviour(block_causal=True, shift_mix=False, autoregressive=True)
 
 
-class DFlash2Variant(_Strict):
+class DFlash2Variant(_VariantFields):
     """z-lab's DFlash2 (`dflash` 0.1.0 dflash/model.py `DFlash2DraftModel`; vllm-project/speculators 0.9.0
     models/dflash2): DFlash's one pass over [anchor, MASK...] with a grouped dynamic causal convolution along the
     block around every attention and MLP sublayer, and a candidate selector that picks each slot's draft from its
@@ -146,11 +155,17 @@ class DFlash2Variant(_Strict):
     selector_rank: int = Field(256, ge=1, description="Rank of the selector's bigram codebooks.")
     selector_top_k: int = Field(16, ge=1, description="Candidates per slot the selector re-scores.")
 
+    def engine_keys(self) -> dict[str, Any]:
+        """z-lab's DFlash2 keeps its switches in dflash_config (what llama.cpp's convert_hf_to_gguf.py b11434
+        `DFlashModel` and vLLM's DFlash2 loader read)."""
+        keys = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+        return {"dflash_config": {key: getattr(self, key) for key in keys}}
+
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
 
-class DSparkVariant(_Strict):
+class DSparkVariant(_VariantFields):
     """vllm-project/speculators 0.9.0's DSpark (models/dspark): DFlash's one pass, then a Markov head that biases
     each slot's logits by the token before it in the block (vanilla: a low-rank bigram W2 W1[prev]; gated: times a
     gate from the slot's hidden state; rnn: through a recurrent state over the block) and a confidence head that
@@ -182,8 +197,15 @@ class DSparkVariant(_Strict):
         True, description="The confidence head also reads the previous token's Markov embedding."
     )
 
+    def engine_keys(self) -> dict[str, Any]:
+        """speculators' DSpark keys at the top level: what llama.cpp's convert_hf_to_gguf.py b11434 `DSparkModel`
+        reads (sample_from_anchor, markov_head_type) and vLLM 0.32's `Qwen3DSparkModel` (markov_rank,
+        enable_confidence_head, confidence_head_with_markov)."""
+        keys = ("sample_from_anchor", "markov_rank", "markov_head_type", "confidence_head_with_markov")
+        return {"enable_confidence_head": self.confidence_head, **{key: getattr(self, key) for key in keys}}
 
-class DominoVariant(_Strict):
+
+class DominoVariant(_VariantFields):
     """SpecForge 0.2.0's Domino (specforge/modeling/draft/domino.py `DominoDraftModel`, vLLM's
     `dflash_config.projector_type = "domino"`): DFlash's one pass, then each slot after the first
     pure_draft_prefix_len adds embed_proj([h_s ; GRU(target embeddings of the block's tokens before it)]) to its
@@ -544,9 +566,17 @@ class DrafterConfig(_Strict):
         """Width of the concatenated target features the drafter's `fc` consumes."""
         return len(self.target_layer_ids) * self.target.hidden_size
 
-    def engine_fields(self) -> dict[str, Any]:
-        """HF/DFlash-style keys written beside ours so vLLM, SGLang and TensorRT-LLM read the same config.json
-        (AutoConfig needs model_type; the engines' DFlash loaders read architectures and dflash_config)."""
+    def engine_fields(self, variant_keys: bool = True) -> dict[str, Any]:
+        """HF/DFlash-style keys written beside ours so vLLM, SGLang, TensorRT-LLM and llama.cpp's converter read the
+        same config.json (AutoConfig needs model_type; the engines' DFlash loaders read architectures and
+        dflash_config), with the variant's own (engine_keys; `variant_keys` False: as written before they were)."""
+        fields = self._dflash_fields()
+        if not variant_keys:
+            return fields
+        extra = self.variant.engine_keys()
+        return {**fields, **extra, "dflash_config": {**fields["dflash_config"], **extra.get("dflash_config", {})}}
+
+    def _dflash_fields(self) -> dict[str, Any]:
         return {
             "architectures": [self.variant.engine_architecture],
             "model_type": "qwen3",
@@ -653,18 +683,36 @@ ENGINE_KEYS = (
 )
 
 
+# top-level engine keys some variants write (their engine_keys): derived like ENGINE_KEYS
+VARIANT_ENGINE_KEYS = (
+    "sample_from_anchor",
+    "markov_rank",
+    "markov_head_type",
+    "enable_confidence_head",
+    "confidence_head_with_markov",
+)
+
+
 def parse_config(data: dict, source: str = "config") -> DrafterConfig:
     """Validate a config dict; raise SpecError listing every bad field with its fix.
 
-    Engine keys (ENGINE_KEYS) are derived, not free: if present they must agree with our fields."""
-    ours = {key: value for key, value in data.items() if key not in ENGINE_KEYS}
+    Engine keys (ENGINE_KEYS, a variant's engine_keys) are derived, not free: if present they must agree with our
+    fields (a checkpoint written before its variant's engine keys existed agrees with the fields without them)."""
+    ours = {key: value for key, value in data.items() if key not in (*ENGINE_KEYS, *VARIANT_ENGINE_KEYS)}
     try:
         config = DrafterConfig.model_validate(ours)
     except ValidationError as error:
         raise SpecError(_format_validation_error(error, source)) from None
-    derived = config.engine_fields()
-    for key in ENGINE_KEYS:
-        if key in data and data[key] != derived[key]:
+    derived, earlier = config.engine_fields(), config.engine_fields(variant_keys=False)
+    for key in (*ENGINE_KEYS, *VARIANT_ENGINE_KEYS):
+        if key not in data:
+            continue
+        if key not in derived:
+            raise SpecError(
+                f"{source}: {key} = {data[key]!r} means nothing for variant {config.kind}; rewrite config.json with "
+                "portable-spec, never the engine keys by hand"
+            )
+        if data[key] != derived[key] and data[key] != earlier.get(key):
             raise SpecError(
                 f"{source}: {key} = {data[key]!r} contradicts the drafter fields (expected {derived[key]!r}); "
                 "edit the portable fields (variant, block_size, target_layer_ids, ...) and rewrite config.json "

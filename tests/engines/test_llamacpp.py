@@ -50,21 +50,39 @@ def _fields(path: Path) -> tuple[dict, dict]:
     return keys, {t.name: (t.tensor_type.name, np.asarray(t.data)) for t in reader.tensors}
 
 
-def test_export_equals_llamacpp_converter(tmp_path):
-    """A full-vocabulary drafter: llama.cpp's convert_hf_to_gguf.py can write it, and `export gguf` must write
-    the same keys and bit-equal tensors (the fixture target's vocabulary copied from llama.cpp's own conversion)."""
+def _fixture_drafter(tmp_path: Path, kind: str) -> Path:
+    """The trained fixture drafter; a dflash2 re-saved with 8 selector candidates (its codebooks do not depend on
+    top-k), the most b11434's lattice row fits at the fixture's width 256 (gguf_export.runtime_gap)."""
+    from portable_spec.core import fixtures
+    from portable_spec.core.target import TargetModel
+
+    if kind != "dflash2":
+        return fixtures.drafter_dir(kind)
+    drafter = TargetModel.load(fixtures.target_dir()).load_drafter(fixtures.drafter_dir(kind))
+    variant = drafter.config.variant.model_copy(update={"selector_top_k": 8})
+    drafter.config = drafter.config.model_copy(update={"variant": variant})
+    return drafter.save(tmp_path / "dflash2-top8")
+
+
+@pytest.mark.parametrize("kind", ["parallel", "dflash2", "dspark"])
+def test_export_equals_llamacpp_converter(tmp_path, kind):
+    """A full-vocabulary drafter: llama.cpp's convert_hf_to_gguf.py can write it (a DFlash2 from the dflash_config
+    keys z-lab writes, a DSpark from speculators' top-level ones: both in our config.json), and `export gguf` must
+    write the same keys and bit-equal tensors (the fixture target's vocabulary copied from llama.cpp's own
+    conversion)."""
     from portable_spec.core import fixtures
 
+    drafter = _fixture_drafter(tmp_path, kind)
     target_gguf = engine.convert_target(fixtures.target_dir(), tmp_path / "target.gguf")
     theirs = tmp_path / "converter.gguf"
     command = [
-        *("python", "-c", engine.CONVERT, str(build.source_dir()), str(fixtures.drafter_dir("parallel"))),
+        *("python", "-c", engine.CONVERT, str(build.source_dir()), str(drafter)),
         *("--outtype", "f32", "--target-model-dir", str(fixtures.target_dir()), "--outfile", str(theirs)),
     ]
     import subprocess
 
     subprocess.run(command, check=True, capture_output=True)
-    ours = export_gguf(fixtures.drafter_dir("parallel"), tmp_path / "ours", target_gguf, fixtures.target_dir())
+    ours = export_gguf(drafter, tmp_path / "ours", target_gguf, fixtures.target_dir())
     our_keys, our_tensors = _fields(ours / DRAFTER_FILE)
     their_keys, their_tensors = _fields(theirs)
     assert our_keys == their_keys
@@ -175,3 +193,24 @@ def test_smollm2_acceptance_and_first_drafts_equal_reference(smollm2):
             if run.margins[0][slot] >= TIE:
                 assert int(logits[slot + 1].argmax()) == ids_[0], f"prompt {i} slot {slot}"
     assert compared >= PROMPTS * 5 and agreed >= 0.95 * compared, (agreed, compared)
+
+
+@pytest.mark.parametrize("kind", ["dflash2", "dspark"])
+def test_fixture_sequential_heads_accept_what_the_reference_accepts(tmp_path, kind):
+    """llama.cpp's own DFlash2 (its selector lattice, walked on the CPU) and DSpark (its in-graph greedy Markov
+    chain) on the trained fixtures, a whole block per round: every request's tokens and every round's accepted
+    count equal the reference's, which accepts drafts there."""
+    from portable_spec.adapters.llamacpp.backend import LlamaCppBackend
+    from portable_spec.core import fixtures
+    from portable_spec.core.backends import ReferenceBackend
+    from portable_spec.core.decode import GenerationConfig
+    from portable_spec.core.spec import read_config
+
+    drafter = _fixture_drafter(tmp_path, kind)
+    prompts = [prompt[:40] for prompt in fixtures.heldout_prompts()[:3]]
+    config = GenerationConfig(max_new_tokens=32, num_draft_tokens=read_config(drafter).max_draft_tokens)
+    expected = ReferenceBackend().acceptance(fixtures.target_dir(), drafter, prompts, config)
+    actual = LlamaCppBackend().acceptance(fixtures.target_dir(), drafter, prompts, config)
+    assert sum(expected.accepted_per_position) > 0
+    assert actual.tokens == expected.tokens
+    assert actual.accepted_by_request == expected.accepted_by_request

@@ -46,8 +46,12 @@ def ckpts(tmp_path_factory) -> dict[str, Path]:
         paths[name] = out / name
     tiny_drafter(target, "parallel", hidden_size=SHAPES["hidden_size"] // 2).save(out / "narrow")  # own embeddings
     paths["narrow"] = out / "narrow"
+    tiny_drafter(target, "dflash2", variant_options=DFLASH2).save(out / "dflash2")
+    paths["dflash2"] = out / "dflash2"
     return paths
 
+
+DFLASH2 = {"selector_rank": 16, "selector_top_k": 8}
 
 # Sliding-window drafters (window = block size 8; the second request's 11-token context outruns it)
 SLIDING = dict(layer_types=["sliding_attention", "sliding_attention"], sliding_window=BLOCK)
@@ -323,6 +327,69 @@ def test_sglang_windowed_draft_model_matches_reference(sglang_cpu, ckpts, name):
     error = ((draft_block_hidden(model, blocks) @ lm_head.T) - reference).abs().max().item()
     print(f"{name}: max |sglang - reference| logits = {error:.2e}")
     assert error < TOLERANCE
+
+
+def test_dflash2_is_servable_natively(ckpts):
+    """sglang 0.5.23 has its own DFlash2DraftModel (convolutions and selector under our names): a portable dflash2
+    checkpoint passes the plugin's checks as it is, while the other sequential heads stay refused by name."""
+    validate.check_servable(read_config(ckpts["dflash2"]), "dflash2")
+    assert "dflash2" in validate.NATIVE_KINDS and "dspark" not in validate.NATIVE_KINDS
+
+
+@pytest.mark.engine
+def test_sglang_dflash2_drafts_what_the_reference_drafts(sglang_cpu, ckpts):
+    """SGLang's own DFlash2DraftModel, loaded by its loader from the portable checkpoint: its block (the grouped
+    dynamic convolutions around every sublayer) gives the reference's logits, and its candidate selector (top-k
+    of the target head, the K x K lattice, the greedy walk: CandidateSelector.build_lattice / sample_path) picks
+    the reference's drafts, slot by slot, on a ragged batch."""
+    from sglang.srt.models.dflash import DFlash2DraftModel
+    from sglang_cpu_harness import draft_block_hidden, load_with_sglang
+
+    model, parsed = load_with_sglang(ckpts["dflash2"], is_draft_model=True)
+    assert type(model) is DFlash2DraftModel and model.candidate_selector.top_k == DFLASH2["selector_top_k"]
+    saved = load_file(ckpts["dflash2"] / "model.safetensors")
+    for name in ("layers.1.mlp_conv.base_kernel", "candidate_selector.successor_codebook"):  # loaded, not left at init
+        assert torch.equal(dict(model.named_parameters())[name], saved[name])
+    reference, blocks, lm_head = _reference_and_blocks(ckpts, "dflash2")
+    hidden = draft_block_hidden(model, blocks)  # [B, k, H]
+    assert ((hidden @ lm_head.T) - reference).abs().max().item() < TOLERANCE
+
+    target = TargetModel.load(ckpts["target"])
+    drafter = target.load_drafter(ckpts["dflash2"])
+    anchors = torch.tensor([17, 42])  # _reference_and_blocks' anchors
+    slots = hidden[:, 1:]  # the draft slots: slot 0 holds the anchor
+    unary, candidates = (slots @ lm_head.T).topk(DFLASH2["selector_top_k"], dim=-1)  # candidate_topk's, on a CPU
+    with torch.no_grad():
+        lattice = model.candidate_selector.build_lattice(
+            candidate_ids=candidates, unary_logits=unary.float(), hidden_states=slots, anchor_token_ids=anchors
+        )
+        theirs, _ = model.candidate_selector.sample_path(
+            candidate_ids=candidates,
+            scores=lattice,
+            uniforms=torch.zeros(2, slots.shape[1]),
+            temperatures=torch.ones(2),
+            greedy_mask=torch.ones(2, dtype=torch.bool),
+        )
+        ours = drafter.head_drafts(_reference_hidden(ckpts, drafter, blocks), anchors, slots.shape[1])[0]
+    assert theirs.tolist() == ours.tolist()
+    plain = reference[:, 1:].argmax(-1)
+    assert not torch.equal(ours, plain), "the selector changed no pick: the comparison proves nothing"
+
+
+def _reference_hidden(ckpts, drafter, blocks) -> torch.Tensor:
+    """The reference drafter's final block states [B, k, H] on the inputs SGLang's harness was given."""
+    context_lens = [features.shape[0] for features in blocks.context_features]
+    batch, width, k = len(context_lens), max(context_lens), blocks.block_positions.shape[1]
+    features = torch.zeros(batch, width, drafter.config.feature_size)
+    valid = torch.zeros(batch, width, dtype=torch.bool)
+    for b, n in enumerate(context_lens):
+        features[b, :n], valid[b, :n] = blocks.context_features[b], True
+    positions = torch.arange(width).expand(batch, -1)
+    block_ids = torch.full((batch, 1, k), drafter.config.mask_token_id)
+    block_ids[:, 0, 0] = torch.tensor([17, 42])
+    mask = valid[:, None, :].expand(-1, k, -1)
+    context = drafter.context_kv(features, positions)
+    return drafter.block_hidden(block_ids, blocks.block_positions[:, None], context, mask, positions)[:, 0]
 
 
 @pytest.mark.engine

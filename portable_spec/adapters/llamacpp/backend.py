@@ -19,8 +19,9 @@ import tempfile
 from pathlib import Path
 
 from portable_spec.adapters.llamacpp import build, engine
-from portable_spec.adapters.llamacpp.gguf_export import DRAFTER_FILE, export_gguf
+from portable_spec.adapters.llamacpp.gguf_export import DRAFTER_FILE, SPEC_TYPES, export_gguf, runtime_gap
 from portable_spec.core.backends import Acceptance, Backend
+from portable_spec.core.spec import read_config
 
 NOT_OFFERED = (
     "llama.cpp runs its DFlash drafter and its layer-input capture only inside common_speculative_draft / "
@@ -37,7 +38,9 @@ def _weights_digest(target_dir: Path) -> str:
 
 class LlamaCppBackend(Backend):
     name = "llamacpp"
-    kinds_supported = ("parallel",)  # what `export gguf` writes (gguf_export.check_exportable says why)
+    # what `export gguf` writes (gguf_export.check_exportable says why): DFlash, and DFlash2 / DSpark, which b11434
+    # runs natively (its selector lattice, its in-graph Markov chain)
+    kinds_supported = ("parallel", "dflash2", "dspark")
     pytest_marker = "llamacpp"
 
     def __init__(self) -> None:
@@ -66,6 +69,9 @@ class LlamaCppBackend(Backend):
 
     def drafter_gguf(self, target_dir: Path, drafter_dir: Path) -> Path:
         key = (str(target_dir), str(drafter_dir))
+        gap = runtime_gap(read_config(drafter_dir))
+        if gap is not None:  # a shape llama.cpp cannot run, not a bad checkpoint: a listed gap where it occurs
+            raise NotImplementedError(gap)
         if key not in self._drafters:
             self._scratch = self._scratch or Path(tempfile.mkdtemp(prefix="portable-spec-llamacpp-"))
             out = self._scratch / f"drafter-{len(self._drafters)}"
@@ -88,8 +94,9 @@ class LlamaCppBackend(Backend):
         target = self.target_gguf(target_dir)
         draft = None if drafter_dir is None else self.drafter_gguf(target_dir, drafter_dir)
         n_max = None if drafter_dir is None else config.num_draft_tokens
+        spec_type = None if drafter_dir is None else SPEC_TYPES[read_config(drafter_dir).kind]
         return [
-            engine.run_harness(target, prompt, config.max_new_tokens, draft, n_max=n_max, exact=True)
+            engine.run_harness(target, prompt, config.max_new_tokens, draft, spec_type, n_max=n_max, exact=True)
             for prompt in prompts
         ]
 
@@ -97,7 +104,8 @@ class LlamaCppBackend(Backend):
         return [run.tokens for run in self.runs(target_dir, drafter_dir, prompts, config)]
 
     def acceptance(self, target_dir, drafter_dir, prompts, config):
-        """llama.cpp's own per-round counts: every round drafts num_draft_tokens (its DFlash always fills n_max)."""
+        """llama.cpp's own per-round counts: every round drafts num_draft_tokens (its DFlash, DFlash2 and DSpark
+        always fill n_max at p_min 0, its default)."""
         runs = self.runs(target_dir, drafter_dir, prompts, config)
         by_request = [list(run.accepted) for run in runs]
         rounds = [accepted for request in by_request for accepted in request]

@@ -1,5 +1,6 @@
 """`portable-spec export gguf`: a portable drafter as the GGUF that llama.cpp's DFlash runtime loads
-(`--spec-type draft-dflash`, `src/models/dflash.cpp` at llama.cpp b11434), written with the `gguf` package.
+(`--spec-type draft-dflash`, `draft-dspark` for a DSpark; `src/models/dflash.cpp` at llama.cpp b11434), written with
+the `gguf` package.
 
 What llama.cpp reads (b11434: `llama_model_dflash::load_arch_hparams/load_arch_tensors`,
 `common_speculative_impl_draft_dflash`), and where it comes from here:
@@ -14,6 +15,11 @@ What llama.cpp reads (b11434: `llama_model_dflash::load_arch_hparams/load_arch_t
   those ids, -inf elsewhere) with the drafter's *own* `output.weight` rows: the target's LM-head rows at those ids.
   llama.cpp's converter cannot map `d2t` for a DFlash drafter (`Can not map tensor 'model.d2t'`), which is why this
   writer exists. A full-vocabulary drafter without its own embeddings ships no head and uses the target's.
+
+DFlash2 and DSpark (b11434 serves both natively): DFlash2's convolutions per layer and its candidate selector, with
+`dflash.conv_kernel_size`, `conv_group_size`, `selector_rank`, `selector_top_k`; DSpark's Markov and confidence heads,
+with `dflash.sample_from_anchor` and `has_confidence_head` (names as llama.cpp's own converter writes them from the
+same checkpoint; what b11434's runtime lacks for some of their shapes: runtime_gap).
 
 Refused by name: depth_causal (its shift-mix `h_j <- W [h_j ; h_{j-1}]` before every layer is a dense map of the
 residual stream across slots; llama.cpp's DFlash graph has no such tensor, and DFlash2's convolution is per channel
@@ -37,7 +43,6 @@ from portable_spec.core.drafter import target_ids_of
 from portable_spec.core.outputs import check_output_dir, write_dir_atomically
 from portable_spec.core.spec import MAX_POSITION_EMBEDDINGS, DrafterConfig, SpecError
 from portable_spec.core.target import TargetModel
-from portable_spec.core.variants import behaviour_of
 
 KIND = "gguf-export"
 DRAFTER_FILE = "draft.gguf"
@@ -65,6 +70,28 @@ TOP_TENSORS = {
     "embed_tokens.weight": "token_embd.weight",
     "lm_head.weight": "output.weight",
 }
+# DFlash2 (b11434 llama-arch.cpp LLM_TENSOR_DFLASH_*): the convolutions around each sublayer, the candidate selector
+LAYER_TENSORS.update(
+    {
+        "attention_conv.base_kernel": "attn_conv_base",
+        "attention_conv.kernel_projection.weight": "attn_conv_proj.weight",
+        "mlp_conv.base_kernel": "ffn_conv_base",
+        "mlp_conv.kernel_projection.weight": "ffn_conv_proj.weight",
+    }
+)
+TOP_TENSORS.update(
+    {
+        "candidate_selector.predecessor_codebook": "selector_predecessor.weight",
+        "candidate_selector.successor_codebook": "selector_successor.weight",
+        "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
+        # DSpark (LLM_TENSOR_DSPARK_*): the Markov head and the confidence head
+        "markov_head.markov_w1.weight": "markov_w1.weight",
+        "markov_head.markov_w2.weight": "markov_w2.weight",
+        "confidence_head.proj.weight": "conf_proj.weight",
+        "confidence_head.proj.bias": "conf_proj.bias",
+    }
+)
+SPEC_TYPES = {"parallel": "draft-dflash", "dflash2": "draft-dflash", "dspark": "draft-dspark"}  # --spec-type
 
 
 def check_exportable(config: DrafterConfig, source: str) -> None:
@@ -78,13 +105,17 @@ def check_exportable(config: DrafterConfig, source: str) -> None:
             "sublayer, another function. llama.cpp would need a per-layer [2H, H] slot-mix tensor applied before "
             f"attn_norm; {serve}"
         )
-    behaviour = behaviour_of(config.kind)
-    if behaviour.single_pass and not behaviour.dflash_shaped:
+    if config.kind == "domino":
         raise SpecError(
-            f"{source}: variant={config.kind} cannot be written for llama.cpp yet: it has {behaviour.extras}, which "
-            f"the DFlash graph portable-spec writes for (b11434 src/models/dflash.cpp) does not compute; {serve}"
+            f"{source}: variant=domino cannot be written for llama.cpp: b11434 has no Domino head (its DFlash graph, "
+            f"src/models/dflash.cpp, runs DFlash2's selector and DSpark's vanilla Markov head only); {serve}"
         )
-    if config.kind != "parallel":
+    gap = runtime_gap(config)
+    if gap is not None:
+        if config.kind == "dflash2":  # the codebooks do not depend on top-k: a smaller one is the same checkpoint
+            serve = f"lower variant.selector_top_k in config.json, or {serve}"
+        raise SpecError(f"{source}: {gap}; {serve}")
+    if config.kind not in SPEC_TYPES:
         raise SpecError(
             f"{source}: variant={config.kind} has no llama.cpp route: llama.cpp's draft-dflash runs one drafter pass "
             f"per round over [anchor, MASK...]; export a parallel drafter, or {serve}"
@@ -109,6 +140,32 @@ def check_exportable(config: DrafterConfig, source: str) -> None:
             "written for llama.cpp: it sizes fc as len(target_layers) x the drafter's own width "
             f"(n_embd_inp_enc); {serve}"
         )
+
+
+def runtime_gap(config: DrafterConfig) -> str | None:
+    """Why b11434's runtime cannot compute this DFlash2 or DSpark drafter's function, or None: a shape it lacks, not
+    a bad checkpoint (the llama.cpp backend reports it as a gap; `export gguf` refuses with it)."""
+    variant = config.variant
+    if config.kind == "dflash2":  # src/models/dflash.cpp build_dflash2_selector: one hidden-sized row per slot
+        top_k = variant.selector_top_k
+        if config.hidden_size < top_k * (top_k + 1):
+            return (
+                f"selector_top_k={top_k} needs hidden_size >= {top_k * (top_k + 1)} in llama.cpp (b11434 packs the "
+                f"selector's top_k x (top_k + 1) lattice into one hidden-sized row), this drafter has "
+                f"{config.hidden_size}"
+            )
+    if config.kind == "dspark":  # build_dspark_markov_head: W2 W1[prev]; conf_proj over [h ; W1[prev]]
+        if variant.markov_head_type != "vanilla":
+            return (
+                f"markov_head_type={variant.markov_head_type}: llama.cpp b11434 runs the vanilla Markov head only "
+                "(its converter refuses the others)"
+            )
+        if variant.confidence_head and not variant.confidence_head_with_markov:
+            return (
+                "confidence_head_with_markov=false: llama.cpp b11434's confidence head reads the slot's state and "
+                "the previous token's Markov embedding (conf_proj is n_embd + rank wide)"
+            )
+    return None
 
 
 def read_target_gguf(target_gguf: Path):
@@ -185,6 +242,15 @@ def _add_hparams(writer, config: DrafterConfig) -> None:
         writer.add_uint32(
             f"{ARCH}.rope.scaling.original_context_length", config.rope_scaling.original_max_position_embeddings
         )
+    variant = config.variant
+    if config.kind == "dflash2":  # what the converter writes from dflash_config (b11434 conversion/qwen.py)
+        writer.add_uint32(f"{ARCH}.conv_kernel_size", variant.conv_kernel_size)
+        writer.add_uint32(f"{ARCH}.conv_group_size", variant.conv_group_size)
+        writer.add_uint32(f"{ARCH}.selector_rank", variant.selector_rank)
+        writer.add_uint32(f"{ARCH}.selector_top_k", variant.selector_top_k)
+    if config.kind == "dspark":
+        writer.add_bool(f"{ARCH}.sample_from_anchor", variant.sample_from_anchor)
+        writer.add_bool(f"{ARCH}.has_confidence_head", variant.confidence_head)
     if config.has_windows:
         writer.add_uint32(f"{ARCH}.attention.sliding_window", config.sliding_window)
         pattern = [kind == "sliding_attention" for kind in config.engine_layer_types()]
@@ -246,8 +312,8 @@ def export_gguf(
             "draft_vocab_size": config.draft_vocab_size,
             "target_gguf": target_gguf.name,
             "llamacpp_build": BUILD,  # the llama.cpp this layout was checked against
-            "serve": f"llama-server -m {target_gguf.name} -md {DRAFTER_FILE} --spec-type draft-dflash "
-            f"--spec-draft-n-max {config.block_size - 1}",
+            "serve": f"llama-server -m {target_gguf.name} -md {DRAFTER_FILE} --spec-type {SPEC_TYPES[config.kind]} "
+            f"--spec-draft-n-max {config.max_draft_tokens}",
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
 

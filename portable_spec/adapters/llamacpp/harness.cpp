@@ -125,6 +125,20 @@ int main(int argc, char ** argv) {
         params.speculative.draft.ctx_dft = spec_init->context();
     }
     llama_context * ctx_dft = params.speculative.draft.ctx_dft;
+    // Which noise-block rows hold the draft slots' logits: rows 1..n ([id_last, mask...]), rows 0..n-1 for a DSpark
+    // drafting from the anchor's slot; none for DFlash2, whose selector reads a lattice instead of logits rows
+    // (common/speculative.cpp common_speculative_impl_draft_dflash::draft).
+    bool draft_logits = ctx_dft != nullptr;
+    int32_t first_row = 1;
+    if (ctx_dft != nullptr) {
+        const llama_model * model_dft = llama_get_model(ctx_dft);
+        char buf[16] = {};
+        draft_logits = llama_model_meta_val_str(model_dft, "dflash.selector_top_k", buf, sizeof(buf)) < 0;
+        if (llama_model_meta_val_str(model_dft, "dflash.sample_from_anchor", buf, sizeof(buf)) >= 0 &&
+                std::string(buf) == "true") {
+            first_row = 0;
+        }
+    }
     common_speculative * spec = common_speculative_init(params.speculative, 1);
     const bool speculative = spec != nullptr;
     if (speculative && common_context_can_seq_rm(ctx_tgt) == COMMON_CONTEXT_SEQ_RM_TYPE_FULL) {
@@ -185,15 +199,15 @@ int main(int argc, char ** argv) {
             };
             common_speculative_draft(spec);
             margins = "[";
-            if (ctx_dft != nullptr && !draft.empty()) {
-                // the noise block is [id_last, mask...]: its rows 1..n are the draft slots. Each slot's margin
-                // (best logit - second best) says where another runtime's rounding could pick another draft
+            if (draft_logits && !draft.empty()) {
+                // the draft slots' rows of the noise block (first_row on). Each slot's margin (best logit - second
+                // best) says where another runtime's rounding could pick another draft
                 if (n_rounds == 0) {
                     first_logits = "[";
                 }
                 char buf[32];
                 for (size_t i = 1; i <= draft.size(); ++i) {
-                    const auto entries = top_entries(ctx_dft, (int32_t) i, n_vocab);
+                    const auto entries = top_entries(ctx_dft, first_row + (int32_t) i - 1, n_vocab);
                     const float margin = entries.size() > 1 ? entries[0].first - entries[1].first : 1e30f;
                     snprintf(buf, sizeof(buf), "%s%.6g", i > 1 ? "," : "", margin);
                     margins += buf;

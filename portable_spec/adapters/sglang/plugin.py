@@ -6,7 +6,8 @@ imports no model code:
     checkpoint given as --speculative-draft-model-path is validated (algorithm, variant, weights, target shapes,
     block options) before SGLang's own DFlash checks run;
   * `SpeculativeAlgorithm.create_worker` (scheduler): for a portable checkpoint it registers the depth_causal
-    architecture and returns DFlashWorkerV2 behind the target binding check (worker.py).
+    architecture and returns DFlashWorkerV2 behind the target binding check (worker.py); parallel and dflash2
+    checkpoints run SGLang's own DFlashDraftModel / DFlash2DraftModel.
 Anything that is not a portable checkpoint passes through untouched.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 
 from portable_spec.adapters.sglang.validate import (
+    NATIVE_KINDS,
     check_algorithm,
     check_servable,
     check_sglang_version,
@@ -76,7 +78,7 @@ def serve_portable_worker(worker_cls, algorithm, server_args):
     config = portable_config_of(resolving_view(server_args).speculative_draft_model_path)
     if config is None:
         return None
-    if not behaviour_of(config.kind).engine_native:  # SGLang's own DFlash class runs a native one
+    if not behaviour_of(config.kind).engine_native and config.kind not in NATIVE_KINDS:  # else SGLang's own class
         from portable_spec.adapters.sglang.draft_model import register_architecture
 
         register_architecture()

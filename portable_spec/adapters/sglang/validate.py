@@ -61,9 +61,15 @@ def portable_config_of(path: str | Path | None) -> DrafterConfig | None:
     return shared_validate.portable_config_of(raw, str(config_file))
 
 
+# Kinds beyond DFlash's shape that sglang 0.5.23 serves with its own class from a portable checkpoint as it is:
+# DFlash2 (models/dflash.py `DFlash2DraftModel`: the convolutions around each sublayer and the candidate selector under
+# our parameter names, its switches read from dflash_config; checked on CPU in tests/engines/test_sglang_adapter.py).
+NATIVE_KINDS = ("dflash2",)
+
+
 def check_servable(config: DrafterConfig, source: str) -> None:
     """Refuse the drafter kinds SGLang cannot run."""
-    shared_validate.check_servable(config, source, "SGLang", "DFLASH worker")
+    shared_validate.check_servable(config, source, "SGLang", "DFLASH worker", native_kinds=NATIVE_KINDS)
 
 
 def check_algorithm(algorithm: str | None, source: str) -> None:
@@ -71,7 +77,7 @@ def check_algorithm(algorithm: str | None, source: str) -> None:
     if algorithm is not None and algorithm.upper() != ALGORITHM:
         raise SpecError(
             f"{source}: --speculative-algorithm {algorithm} cannot serve a portable-spec drafter; "
-            f"use --speculative-algorithm {ALGORITHM} (the variant, parallel or depth_causal, comes from config.json)"
+            f"use --speculative-algorithm {ALGORITHM} (the variant, parallel, depth_causal or dflash2, comes from config.json)"
         )
 
 
@@ -82,7 +88,7 @@ def hint_for_unknown_algorithm(algorithm: str) -> str | None:
     return (
         f"--speculative-algorithm {algorithm} is not an SGLang algorithm: portable-spec drafters run under "
         f"--speculative-algorithm {ALGORITHM} --speculative-draft-model-path <drafter dir> "
-        "(the variant, parallel or depth_causal, comes from the checkpoint's config.json)"
+        "(the variant, parallel, depth_causal or dflash2, comes from the checkpoint's config.json)"
     )
 
 

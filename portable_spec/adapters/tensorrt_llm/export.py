@@ -28,7 +28,10 @@ from safetensors.torch import save_file
 
 from portable_spec.adapters.onnx_export import (
     DEFAULT_OPSET,
+    GRAPH_FILE,
     INPUT_NAMES,
+    STEP_FILE,
+    STEP_INPUTS,
     bind_for_export,
     check_block_size,
     check_opset,
@@ -37,6 +40,7 @@ from portable_spec.adapters.onnx_export import (
 from portable_spec.adapters.shared_validate import refuse_reduced_vocabulary
 from portable_spec.adapters.tensorrt_llm.depth_causal import SHIFT_MIX_WEIGHT
 from portable_spec.core.drafter import Drafter
+from portable_spec.core.head_step import chain_slots
 from portable_spec.core.outputs import check_output_dir, write_dir_atomically
 from portable_spec.core.spec import DrafterConfig, SpecError, read_config
 from portable_spec.core.target import TargetModel
@@ -297,25 +301,43 @@ def trt_profile(drafter: Drafter, request: ExportRequest) -> dict[str, list[list
     return shapes
 
 
+def step_profile(drafter: Drafter, request: ExportRequest) -> dict[str, list[list[int]]]:
+    """min/opt/max shapes of a sequential head's step graph (head_step.onnx): one slot of every request."""
+    config, state = drafter.config, chain_slots(drafter.config).state_size
+    shapes = {}
+    for batch in (1, 1, request.max_batch):
+        dims = ([batch, config.hidden_size], [batch, config.vocab_size], [batch], [batch, state])
+        for name, dim in zip(STEP_INPUTS, dims):
+            shapes.setdefault(name, []).append(dim)
+    return shapes
+
+
+def trtexec_command(graph: str, profile: dict[str, list[list[int]]]) -> str:
+    flag = lambda i: ",".join(f"{n}:{'x'.join(map(str, s[i]))}" for n, s in profile.items())  # noqa: E731
+    plan = graph.removesuffix(".onnx") + ".plan"
+    return (
+        f"trtexec --onnx={graph} --saveEngine={plan} --minShapes={flag(0)} --optShapes={flag(1)} --maxShapes={flag(2)}"
+    )
+
+
 def _write_onnx(
     tmp: Path, final: Path, target: TargetModel, drafter: Drafter, request: ExportRequest, num_drafts: int
 ) -> dict:
     manifest = write_graph_files(tmp, bind_for_export(target, drafter), request.opset)
     profile = trt_profile(drafter, request)
-    flag = lambda i: ",".join(f"{n}:{'x'.join(map(str, s[i]))}" for n, s in profile.items())  # noqa: E731
-    command = (
-        f"trtexec --onnx=drafter.onnx --saveEngine=drafter.plan --minShapes={flag(0)} "
-        f"--optShapes={flag(1)} --maxShapes={flag(2)}"
-    )
+    build = {
+        "step": "TensorRT builder on drafter.onnx (float32 graph; add --fp16/--bf16 to lower)",
+        "trtexec": trtexec_command(GRAPH_FILE, profile),
+        "profile": profile,
+        "onnx": manifest,
+    }
+    if drafter.behaviour.sequential_head:  # the head's slot step: run slot after slot as head_step.chain_drafts does
+        build["head_step_profile"] = step_profile(drafter, request)
+        build["head_step_trtexec"] = trtexec_command(STEP_FILE, build["head_step_profile"])
     return {
         "speculative_config": None,
         "llm_api": "none: no TensorRT-LLM mode feeds target hidden states to an external drafter engine",
-        "build": {
-            "step": "TensorRT builder on drafter.onnx (float32 graph; add --fp16/--bf16 to lower)",
-            "trtexec": command,
-            "profile": profile,
-            "onnx": manifest,
-        },
+        "build": build,
     }
 
 

@@ -35,7 +35,9 @@ from portable_spec.conformance.upstream_oracle.oracle import (
     run_package,
 )
 from portable_spec.conformance.workspace import CheckSkipped
+from portable_spec.core.backends import DecoderBackend
 from portable_spec.core.decode import GenerationConfig
+from portable_spec.core.spec import read_config
 
 
 def _inputs(ctx: CheckContext) -> OracleInputs:
@@ -133,25 +135,26 @@ def _loaded(ctx: CheckContext, drafter, inputs):
 
 
 def _drafts_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, drafter, inputs) -> None:
-    """A DFlash2's or DSpark's drafts: what the reference drafter of the import proposes after the same context and
-    anchor (its candidate selector or Markov chain, greedy) == what the upstream's own code picked."""
-    loaded, context, positions = _loaded(ctx, drafter, inputs)
-    drafts = loaded.propose(
-        context,
-        torch.ones(1, CONTEXT, dtype=torch.bool),
-        torch.tensor([inputs.anchor]),
-        torch.tensor([CONTEXT]),
-        loaded.config.max_draft_tokens,
-        positions,
-    )
+    """A DFlash2's, DSpark's or Domino's drafts: what the backend's own proposer (the ONNX graphs run through the
+    step graph, the torch drafter for the reference) proposes after the same context and anchor, its head's greedy
+    chain, == what the upstream's own code picked."""
+    if not isinstance(ctx.backend, DecoderBackend):
+        return  # an engine that only decodes: what it accepts is compared instead (_acceptance_check)
+    proposer = ctx.backend.decoder(inputs.target, drafter).proposer
+    positions = torch.arange(CONTEXT)[None]
+    state = proposer.begin(inputs.features.float(), positions)
+    valid = torch.ones(1, CONTEXT, dtype=torch.bool)
+    num_drafts = proposer.config.max_draft_tokens
+    drafts = proposer.propose(state, valid, torch.tensor([inputs.anchor]), torch.tensor([CONTEXT]), num_drafts)
     if drafts.tolist() != answer.drafts.tolist():
         raise CheckFailed(f"{case.id}: drafts {drafts.tolist()}, {case.package}'s own {answer.drafts.tolist()}")
 
 
 def _sequential_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, drafter, inputs) -> None:
-    """A DSpark or Domino (the reference only: no other backend runs the kinds): the import's teacher-forced draft
-    logits (the Markov bias or the GRU correction given the prompt's own tokens) per draft slot, and a DSpark's
-    confidence logits, against the upstream's own heads; then its greedy chain against theirs."""
+    """A DSpark or Domino: the import's teacher-forced draft logits (the Markov bias or the GRU correction given the
+    prompt's own tokens) per draft slot, and a DSpark's confidence logits, against the upstream's own heads, on the
+    reference drafter (training's function: no backend serves teacher forcing); then the backend's greedy chain
+    against theirs."""
     loaded, context, positions = _loaded(ctx, drafter, inputs)
     k = case.block_size
     block = torch.tensor([[[inputs.anchor] + [loaded.config.mask_token_id] * (k - 1)]])
@@ -165,21 +168,23 @@ def _sequential_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswe
             previous = true_tokens if loaded.config.drafts_from_anchor else true_tokens[..., :-1]  # each slot's
             confidence = loaded.confidence_logits(hidden[..., slots, :], previous)[0, 0]
     compare_slots(case.id, logits.float(), answer.logits[0, slots].float())
-    if answer.confidence is None:
-        _drafts_check(ctx, case, answer, drafter, inputs)
-        return
-    expected = answer.confidence[0, slots].float()
-    worst = float((confidence.float() - expected).abs().max())
-    if worst > TOLERANCE * (1 + float(expected.abs().max())):
-        raise CheckFailed(f"{case.id}: confidence logits differ from speculators' ConfidenceHead by up to {worst:.4g}")
+    if answer.confidence is not None:
+        expected = answer.confidence[0, slots].float()
+        worst = float((confidence.float() - expected).abs().max())
+        if worst > TOLERANCE * (1 + float(expected.abs().max())):
+            raise CheckFailed(
+                f"{case.id}: confidence logits differ from speculators' ConfidenceHead by up to {worst:.4g}"
+            )
     _drafts_check(ctx, case, answer, drafter, inputs)
+    if not isinstance(ctx.backend, DecoderBackend):
+        _acceptance_check(ctx, case, answer, drafter)
 
 
 def _acceptance_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswer, imported) -> None:
     """The held-out batch decoded greedily with the whole block: the backend's acceptance == the reference's on
     the import. The backend is handed the upstream's own directory when it reads that layout."""
     target, _, prompts = _heldout_batch("parallel")
-    config = GenerationConfig(max_new_tokens=32, num_draft_tokens=case.block_size - 1)
+    config = GenerationConfig(max_new_tokens=32, num_draft_tokens=read_config(imported).max_draft_tokens)
     layout = "zlab" if case.package == "dflash" else case.package
     handed = answer.checkpoint if ctx.backend.reads_layout(layout) else imported
     expected = _reference_acceptance(ctx, target, imported, prompts, config)
