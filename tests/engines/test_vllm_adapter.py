@@ -759,6 +759,7 @@ def test_own_embedding_drafter_in_vllm_equals_the_reference(
         assert out.stats.acceptance_length == pytest.approx(reference[original][1], rel=1e-9)
 
 
+@pytest.mark.engine
 @requires_assets
 @pytest.mark.parametrize(
     "kind, method, refusal",
