@@ -86,10 +86,10 @@ def test_the_selector_picks_by_unary_plus_bigram_scores_slot_after_slot(target):
     hidden, logits = torch.randn(2, 5, 64, generator=generator), torch.randn(2, 5, 256, generator=generator)
     anchor = torch.tensor([7, 9])
     step = drafter.head_step()
-    assert step.slots.first == step.slots.first_draft == 1  # slot 0 holds the anchor: prepend it
+    assert step.slots.first == step.slots.first_draft == 1  # slot 0 holds the anchor: prepend it to the states
     block = lambda x: torch.cat((torch.zeros_like(x[:, :1]), x), dim=1)  # noqa: E731
     drafts, probability, _ = chain_drafts(
-        step, step.slots, block(hidden), block(logits), anchor, 5, step.initial_state(hidden)
+        step, step.slots, block(hidden), logits, anchor, 5, step.initial_state(hidden)
     )
     for row in range(2):  # written out: every candidate's score, one slot at a time
         previous = int(anchor[row])

@@ -156,7 +156,8 @@ class OnnxProposer:
         logits, hidden = self.graph.block_outputs(state.features, state.positions, valid, block, positions)
         slots = chain_slots(self.config)
         start = hidden.new_zeros(len(anchors), slots.state_size)
-        out = chain_drafts(self.graph.step, slots, hidden[:, 0], logits[:, 0], anchors, num_drafts, start, sampler)
+        logits = logits[:, 0, slots.first :]  # chain_drafts takes the logits from the chain's first slot on
+        out = chain_drafts(self.graph.step, slots, hidden[:, 0], logits, anchors, num_drafts, start, sampler)
         return tuple(None if t is None else t.to(device) for t in out)
 
     def passes_per_round(self, num_drafts: int) -> int:

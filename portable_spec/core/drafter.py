@@ -284,8 +284,9 @@ class Drafter(nn.Module):
         `sampler`: what decoding and the held-out acceptance both call, and what the ONNX proposer runs with the
         exported step graph."""
         step = self.head_step()
-        stop = step.slots.first_draft + num_drafts
-        logits = self.to_full_vocab(self.scored_logits(hidden[:, :stop]))
+        logits = self.to_full_vocab(
+            self.scored_logits(hidden[:, step.slots.first : step.slots.first_draft + num_drafts])
+        )
         return chain_drafts(
             step, step.slots, hidden, logits, anchor_tokens, num_drafts, step.initial_state(hidden), sampler
         )

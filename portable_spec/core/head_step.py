@@ -139,7 +139,7 @@ def chain_drafts(
     step: SlotStep,
     slots: ChainSlots,
     hidden: torch.Tensor,  # [B, >= last draft slot + 1, H]: one block's final states
-    logits: torch.Tensor,  # [B, same, V]: the block logits of those slots
+    logits: torch.Tensor,  # [B, slots from slots.first on, V]: their block logits (none scored before the chain)
     anchor_tokens: torch.Tensor,  # [B]
     num_drafts: int,
     state: torch.Tensor,  # [B, S]: the step's initial state
@@ -151,11 +151,12 @@ def chain_drafts(
     cutting the draft where the cumulative product falls), else q's."""
     previous, drafts, probabilities, qs = anchor_tokens, [], [], []
     for slot in range(slots.first, slots.first_draft + num_drafts):
-        scores, state, acceptance = step(hidden[:, slot], logits[:, slot], previous, state)
+        block_logits = logits[:, slot - slots.first]
+        scores, state, acceptance = step(hidden[:, slot], block_logits, previous, state)
         if slot < slots.first_draft:  # DSpark's slot 0 predicts the anchor itself: it only feeds the recurrence
             continue
         if slot < slots.first_corrected:  # Domino's pure-draft prefix: the block's own logits
-            scores = logits[:, slot]
+            scores = block_logits
         token, probability, q = pick_draft(scores, sampler, slot - slots.first_draft)
         drafts.append(token)
         probabilities.append(probability if acceptance is None else acceptance)

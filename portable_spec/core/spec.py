@@ -684,12 +684,8 @@ ENGINE_KEYS = (
 
 
 # top-level engine keys some variants write (their engine_keys): derived like ENGINE_KEYS
-VARIANT_ENGINE_KEYS = (
-    "sample_from_anchor",
-    "markov_rank",
-    "markov_head_type",
-    "enable_confidence_head",
-    "confidence_head_with_markov",
+VARIANT_ENGINE_KEYS = tuple(
+    dict.fromkeys(key for cls in VARIANT_CLASSES for key in cls().engine_keys() if key not in ENGINE_KEYS)
 )
 
 

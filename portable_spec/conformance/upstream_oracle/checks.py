@@ -22,6 +22,7 @@ from portable_spec.conformance.checks import (
     Check,
     CheckContext,
     CheckFailed,
+    _full_block,
     _heldout_batch,
     _reference_acceptance,
     _same_acceptance,
@@ -37,7 +38,6 @@ from portable_spec.conformance.upstream_oracle.oracle import (
 from portable_spec.conformance.workspace import CheckSkipped
 from portable_spec.core.backends import DecoderBackend
 from portable_spec.core.decode import GenerationConfig
-from portable_spec.core.spec import read_config
 
 
 def _inputs(ctx: CheckContext) -> OracleInputs:
@@ -184,7 +184,7 @@ def _acceptance_check(ctx: CheckContext, case: UpstreamCase, answer: OracleAnswe
     """The held-out batch decoded greedily with the whole block: the backend's acceptance == the reference's on
     the import. The backend is handed the upstream's own directory when it reads that layout."""
     target, _, prompts = _heldout_batch("parallel")
-    config = GenerationConfig(max_new_tokens=32, num_draft_tokens=read_config(imported).max_draft_tokens)
+    config = _full_block(GenerationConfig(max_new_tokens=32), imported)
     layout = "zlab" if case.package == "dflash" else case.package
     handed = answer.checkpoint if ctx.backend.reads_layout(layout) else imported
     expected = _reference_acceptance(ctx, target, imported, prompts, config)
